@@ -1,0 +1,29 @@
+"""lanpo: LANPO (Language-And-Numerical Policy Optimization, arXiv 2510.16552) on top of TRL.
+
+Importing ``lanpo`` is cheap; the heavy parts (torch, transformers, TRL) load when first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Problem": "data", "load_problems": "data",
+    "load_model": "models", "resolve_model_path": "models",
+    "MathVerifier": "rewards", "extract_answer": "rewards", "make_accuracy_reward": "rewards",
+    "ExperiencePool": "pool", "PoolEntry": "pool",
+    "build_reflection_prompt": "feedback", "build_abstraction_prompt": "feedback",
+    "Retriever": "retrieval",
+    "LanpoConfig": "config", "LanpoTrainer": "trainer",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'lanpo' has no attribute {name!r}")
+
+
+__all__ = ["__version__", *_EXPORTS]

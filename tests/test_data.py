@@ -1,0 +1,149 @@
+"""Problems: one schema, every loader, the built-in generator."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from lanpo.data import (
+    DataError,
+    Problem,
+    builtin_arith,
+    gsm8k_answer,
+    last_boxed,
+    load_problems,
+    rows_to_problems,
+    to_prompt_dataset,
+)
+
+
+def test_jsonl_loader_maps_fields_and_ids(problems_file):
+    problems = load_problems(str(problems_file), problem_field="q", answer_field="sol", id_field="key")
+    assert problems[1] == Problem("problems-p1", "What is 3 + 4?", "7", "problems")
+
+
+def test_json_and_parquet_loaders_agree_with_jsonl(tmp_path, problems_file):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [json.loads(line) for line in problems_file.read_text().splitlines()]
+    (tmp_path / "p.json").write_text(json.dumps(rows))
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+    kwargs = {"problem_field": "q", "answer_field": "sol"}
+    as_json = load_problems(str(tmp_path / "p.json"), **kwargs)
+    as_parquet = load_problems(str(tmp_path / "p.parquet"), **kwargs)
+    assert [(p.problem, p.answer) for p in as_json] == [(p.problem, p.answer) for p in as_parquet]
+    assert len(as_json) == 4
+
+
+def test_bad_rows_are_counted_and_skipped_not_fatal(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"problem": "1+1?", "answer": "2"}\n{not json\n{"problem": "", "answer": "3"}\n'
+                    '{"problem": "2+2?", "answer": null}\n[1, 2]\n{"problem": "3+3?", "answer": 6}\n')
+    problems = load_problems(str(path))
+    assert [(p.problem, p.answer) for p in problems] == [("1+1?", "2"), ("3+3?", "6")]
+
+
+def test_unknown_field_names_give_an_actionable_error(tmp_path):
+    path = tmp_path / "odd.jsonl"
+    path.write_text('{"text": "1+1?", "label": "2"}\n')
+    with pytest.raises(DataError, match="--problem-field"):
+        load_problems(str(path))
+
+
+def test_missing_file_and_unknown_spec_fail_clearly():
+    with pytest.raises(DataError, match="not found"):
+        load_problems("nope/missing.jsonl")
+    with pytest.raises(DataError, match="Unknown data"):
+        load_problems("definitely-not-a-dataset")
+
+
+def test_hub_name_offline_gives_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(DataError, match="offline"):
+        load_problems("some-org/some-math-set")
+
+
+def test_answer_formats():
+    assert gsm8k_answer("so 3 + 4 = 7\n#### 1,234") == "1234"
+    assert gsm8k_answer("no marker") is None
+    assert last_boxed("a \\boxed{1} then \\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
+    assert last_boxed("\\boxed{unbalanced") is None
+    assert last_boxed("nothing here") is None
+
+
+def test_solution_field_found_by_guessing_yields_its_boxed_answer():
+    rows = [{"problem": "p", "solution": "work ... so \\boxed{42}."}]
+    assert rows_to_problems(rows, "x")[0].answer == "42"
+
+
+def test_builtin_generator_is_seeded_and_reproducible():
+    a = builtin_arith("1,2,3,4,5", n=50, seed=7)
+    b = builtin_arith("1,2,3,4,5", n=50, seed=7)
+    c = builtin_arith("1,2,3,4,5", n=50, seed=8)
+    assert a == b
+    assert a != c
+    assert {p.source for p in a} == {f"builtin:arith/L{i}" for i in range(1, 6)}
+
+
+def test_builtin_train_and_test_splits_are_disjoint():
+    train = builtin_arith("1,2", n=300, split="train")
+    test = builtin_arith("1,2", n=100, split="test")
+    assert not {p.problem for p in train} & {p.problem for p in test}
+    assert len({p.id for p in train}) == len(train)
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+def test_builtin_answers_are_right(level):
+    # Every answer is an integer that eval(problem) reproduces for the expression forms.
+    for p in builtin_arith([level], n=40, seed=1):
+        expr = p.problem
+        if expr.startswith(("What is", "Compute")) and "times" not in expr:
+            body = re.sub(r"^(What is|Compute)\s+", "", expr).rstrip("?.").replace("\u00d7", "*")
+            assert eval(body) == int(p.answer), p  # noqa: S307 - generated arithmetic only
+        assert int(p.answer) >= 0
+
+
+def test_builtin_spec_options_and_errors():
+    assert len(load_problems("builtin:arith?levels=2&n=10&seed=3")) == 10
+    assert load_problems("builtin:arith?n=5", split="test")[0].id != load_problems("builtin:arith?n=5")[0].id
+    with pytest.raises(DataError, match="no option"):
+        load_problems("builtin:arith?level=2")
+    with pytest.raises(DataError, match="levels 1 to 5"):
+        load_problems("builtin:arith?levels=9")
+
+
+def test_prompt_dataset_has_what_trl_and_rewards_need():
+    ds = to_prompt_dataset(builtin_arith("1", n=3))
+    row = ds[0]
+    assert row["prompt"][0]["role"] == "user" and "\\boxed{}" in row["prompt"][0]["content"]
+    assert set(row) >= {"prompt", "answer", "problem_id", "problem"}
+
+
+# -- the shared data sets, read by path ---------------------------------------------------------------------------
+
+def test_gsm8k_preset_reads_local_files(shared_data):
+    test = load_problems("gsm8k", data_dir=shared_data)
+    train = load_problems("gsm8k", split="train", data_dir=shared_data)
+    assert len(test) == 1319 and len(train) == 7473
+    assert all(p.answer.lstrip("-").replace(".", "").isdigit() for p in test)
+
+
+@pytest.mark.parametrize("name,rows", [("math500", 500), ("aime24", 30), ("amc23", 40)])
+def test_benchmark_presets_read_local_files(shared_data, name, rows):
+    problems = load_problems(name, data_dir=shared_data)
+    assert len(problems) == rows
+    assert all(p.problem and p.answer for p in problems)
+
+
+def test_math_train_preset_reads_the_json_array(shared_data):
+    problems = load_problems("math", data_dir=shared_data, limit=50)
+    assert len(problems) == 50 and all(p.answer for p in problems)
+
+
+def test_local_split_that_does_not_exist_is_reported(shared_data):
+    with pytest.raises(DataError, match="no local"):
+        load_problems("math500", split="train", data_dir=shared_data)

@@ -1,0 +1,53 @@
+"""The model loader: local dirs, GGUF files, the embedded default, dtype/device choice, offline errors."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from lanpo.models import embedded_gguf_path, load_model, parse_dtype, resolve_model_path
+
+
+def test_local_directory_loads_on_cpu_in_fp32(tiny_model_dir):
+    model, tokenizer = load_model(str(tiny_model_dir))
+    assert next(model.parameters()).dtype == torch.float32
+    assert tokenizer.padding_side == "left" and tokenizer.pad_token is not None
+
+
+def test_dtype_can_be_overridden(tiny_model_dir):
+    model, _ = load_model(str(tiny_model_dir), dtype="bfloat16", device="cpu")
+    assert next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_dtype_defaults_and_errors():
+    assert parse_dtype(None, "cpu") == torch.float32
+    assert parse_dtype("auto", "cpu") == torch.float32
+    with pytest.raises(ValueError, match="Unknown dtype"):
+        parse_dtype("float8", "cpu")
+
+
+def test_missing_paths_and_offline_hub_ids_fail_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(FileNotFoundError):
+        resolve_model_path("./no/such/model")
+    with pytest.raises(OSError, match="offline"):
+        load_model("some-org/some-model-that-is-not-cached")
+
+
+@pytest.mark.slow
+def test_embedded_default_converts_once_then_loads_fast_and_generates():
+    from lanpo.generation import generate
+    from lanpo.prompts import solve_messages
+
+    assert embedded_gguf_path("smollm2-135m").name.endswith(".gguf")
+    path = resolve_model_path("smollm2-135m")  # converts on first use (cached under LANPO_CACHE)
+    start = time.monotonic()
+    again = resolve_model_path("smollm2-135m")
+    assert again == path and time.monotonic() - start < 1.0
+    model, tokenizer = load_model("smollm2-135m", device="cpu")
+    assert model.config.model_type == "llama" and not hasattr(model.config, "quantization_config")
+    torch.manual_seed(0)
+    samples = generate(model, tokenizer, [solve_messages("What is 2 + 3?")], n=2, max_new_tokens=24)
+    assert all(s.num_tokens > 0 and s.text.strip() for s in samples[0])

@@ -1,0 +1,117 @@
+"""The math verifier: extraction, checking, time limits, and the TRL reward function."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lanpo.rewards import MathVerifier, extract_answer, make_accuracy_reward, prepare_gold
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    with MathVerifier(time_limit=2.0) as v:
+        yield v
+
+
+@pytest.mark.parametrize("text,mode,expected", [
+    ("so \\boxed{7}.", "boxed", "7"),
+    ("first \\boxed{3} then \\boxed{\\frac{1}{2}}", "boxed", "\\frac{1}{2}"),
+    ("The answer is 12.", "boxed", None),
+    ("The answer is 12.", "lenient", "12"),
+    ("Final answer: -3.5", "lenient", "-3.5"),
+    ("we get 2, then 1,234 apples", "lenient", "1,234"),
+    ("3 + 4 = 7 and 2,", "lenient", "2"),
+    ("#### 56", "lenient", "56"),
+    ("no numbers at all", "lenient", None),
+    ("\\boxed{9} beats a later 10", "lenient", "9"),
+])
+def test_extract_answer(text, mode, expected):
+    assert extract_answer(text, mode) == expected
+
+
+@pytest.mark.parametrize("gold,pred", [
+    ("18", "18"), ("18", "18.0"), ("1,000", "1000"), ("\\frac{1}{2}", "0.5"), ("\\frac{1}{2}", "\\dfrac{1}{2}"),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"), ("2\\sqrt{2}", "\\sqrt{8}"),
+])
+def test_equivalent_answers_score_one(verifier, gold, pred):
+    assert verifier.score([gold], [pred]) == [1.0]
+
+
+@pytest.mark.parametrize("gold,pred", [("18", "19"), ("\\frac{1}{2}", "\\frac{1}{3}"), ("5", "x"), ("5", None)])
+def test_different_answers_score_zero(verifier, gold, pred):
+    assert verifier.score([gold], [pred]) == [0.0]
+
+
+def test_bare_latex_gold_is_wrapped():
+    assert prepare_gold("\\frac{1}{2}") == "$\\frac{1}{2}$"
+    assert prepare_gold("\\boxed{3}") == "\\boxed{3}"
+
+
+def test_pathological_answers_score_zero_within_the_limit_and_are_counted():
+    with MathVerifier(time_limit=1.0, workers=1) as v:
+        patho = ["10^{10^{10}}", "(" * 400 + "1" + ")" * 400, "1" * 100_000]
+        start = time.monotonic()
+        scores = v.score(["72"] * len(patho), patho)
+        elapsed = time.monotonic() - start
+        assert scores == [0.0, 0.0, 0.0]
+        assert v.stats["too_long"] == 1
+        assert v.stats["timeouts"] + sum(n for k, n in v.stats.items() if k.startswith("error:")) == 2
+        # one answer at a time on one worker: never more than the limit each, plus restart slack
+        assert elapsed < 2 * 1.0 + 3.0
+        # the verifier still works after its worker was killed
+        assert v.score(["4"], ["4.0"]) == [1.0]
+
+
+def test_batch_scoring_keeps_order(verifier):
+    golds = [str(i) for i in range(50)]
+    preds = [str(i if i % 3 else i + 1) for i in range(50)]
+    assert verifier.score(golds, preds) == [0.0 if i % 3 == 0 else 1.0 for i in range(50)]
+
+
+def test_score_texts_uses_the_extraction_mode():
+    with MathVerifier(extraction="boxed") as strict, MathVerifier(extraction="lenient") as lenient:
+        texts = ["the answer is 5", "\\boxed{5}"]
+        assert strict.score_texts(["5", "5"], texts) == [0.0, 1.0]
+        assert lenient.score_texts(["5", "5"], texts) == [1.0, 1.0]
+        assert strict.stats["no_answer"] == 1
+
+
+def test_trl_reward_function_accepts_conversational_completions(verifier):
+    reward = make_accuracy_reward(verifier)
+    logged = {}
+    completions = [[{"role": "assistant", "content": "\\boxed{3}"}], [{"role": "assistant", "content": "no"}]]
+    scores = reward(prompts=None, completions=completions, answer=["3", "3"],
+                    log_metric=lambda k, v: logged.setdefault(k, v))
+    assert scores == [1.0, 0.0]
+    assert reward.__name__ == "accuracy"
+    assert logged["verifier/no_answer_rate"] == 0.5
+
+
+def test_invalid_settings_are_rejected():
+    with pytest.raises(ValueError, match="time_limit"):
+        MathVerifier(time_limit=0)
+    with pytest.raises(ValueError, match="extraction"):
+        MathVerifier(extraction="fuzzy")
+
+
+def test_gsm8k_gold_rationales_verify(shared_data):
+    import json
+
+    rows = [json.loads(line) for line in (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()]
+    golds = [r["answer"].rsplit("####", 1)[1].strip() for r in rows]
+    with MathVerifier() as v:
+        right = v.score_texts(golds, [r["answer"] for r in rows])
+        wrong = v.score(golds, [str(int(g.replace(",", "")) + 1) for g in golds])
+    assert sum(right) / len(rows) >= 0.995
+    assert 1 - sum(wrong) / len(rows) >= 0.99
+
+
+def test_math500_gold_solutions_verify(shared_data):
+    import json
+
+    rows = [json.loads(line) for line in (shared_data / "math500" / "test.jsonl").read_text().splitlines()]
+    with MathVerifier(extraction="boxed", time_limit=5.0) as v:
+        scores = v.score_texts([r["answer"] for r in rows], [r["solution"] for r in rows])
+    assert sum(scores) / len(rows) >= 0.99
