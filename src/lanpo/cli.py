@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -104,6 +105,60 @@ def cmd_eval(args) -> int:
     return 0
 
 
+def _pool_parser(sub) -> None:
+    p = sub.add_parser("pool", help="inspect and move experience pools: stats, show, export, import",
+                       description="RUN_OR_FILE is a run directory (its pool.sqlite) or a pool file.")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    stats = actions.add_parser("stats", help="counts, entries per problem, steps covered, file size")
+    stats.add_argument("pool", metavar="RUN_OR_FILE")
+    show = actions.add_parser("show", help="print entries (newest last)")
+    show.add_argument("pool", metavar="RUN_OR_FILE")
+    show.add_argument("--problem", help="only entries of this problem id")
+    show.add_argument("--limit", type=int, default=10, help="entries to print (default 10; 0 = all)")
+    show.add_argument("--attempts", action="store_true", help="also print the stored raw attempts of --problem")
+    export = actions.add_parser("export", help="write the pool as JSONL")
+    export.add_argument("pool", metavar="RUN_OR_FILE")
+    export.add_argument("out", metavar="FILE.jsonl")
+    imp = actions.add_parser("import", help="add the entries of a JSONL export (creates the pool if needed)")
+    imp.add_argument("pool", metavar="RUN_OR_FILE")
+    imp.add_argument("source", metavar="FILE.jsonl")
+    imp.add_argument("--cap", type=int, default=32, help="entries kept per problem (default 32)")
+    p.set_defaults(func=cmd_pool)
+
+
+def cmd_pool(args) -> int:
+    from .pool import ExperiencePool, resolve_pool_path
+
+    if args.action == "import":
+        with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:
+            counts = pool.import_jsonl(args.source)
+        print(json.dumps({"pool": str(resolve_pool_path(args.pool)), **counts}, indent=2))
+        return 0
+    with ExperiencePool(args.pool, readonly=True) as pool:
+        if args.action == "stats":
+            print(json.dumps(pool.stats(), indent=2))
+        elif args.action == "export":
+            lines = pool.export_jsonl(args.out)
+            print(f"Wrote {lines} lines to {args.out}")
+        else:
+            entries = pool.entries(problem_id=args.problem)
+            for entry in entries[-args.limit:] if args.limit else entries:
+                print(f"[{entry.id}] {entry.problem_id} (step {entry.step}, from a "
+                      f"{'right' if entry.correct else 'wrong' if entry.correct is False else 'ungraded'} trial)")
+                print(f"  problem: {entry.problem[:200]}")
+                if entry.flow_of_thought:
+                    print(f"  flow of thought: {entry.flow_of_thought}")
+                for item in entry.principles:
+                    print(f"  + {item}")
+                for item in entry.pitfalls:
+                    print(f"  - {item}")
+            if args.attempts and args.problem:
+                for attempt in pool.attempts(args.problem):
+                    print(f"  attempt (step {attempt.step}): {attempt.text[:500]}")
+            print(f"{len(entries)} entries" + (f" of {args.problem}" if args.problem else ""))
+    return 0
+
+
 def _slug(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
 
@@ -123,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _eval_parser(sub)
+    _pool_parser(sub)
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -132,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = rest
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, OSError) as error:
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as error:
         if args.verbose:
             raise
         print(f"lanpo {args.command}: error: {error}", file=sys.stderr)

@@ -49,13 +49,14 @@ out any step that looks doubtful. Then solve the problem again from the start, w
 
 
 def reflection_text(problem: str, attempts: list[str]) -> str:
+    # No digits in template text: a number here could coincide with the gold answer (see feedback.py).
     if not attempts:
         raise ValueError("A reflection prompt needs at least one earlier attempt.")
     many = len(attempts) > 1
-    blocks = [f"### Earlier attempt{f' {i}' if many else ''}\n{clip(a)}" for i, a in enumerate(attempts, 1)]
+    blocks = [f"### Earlier attempt\n{clip(a)}" for a in attempts]
     return REFLECTION_TEMPLATE.format(
         problem=problem.strip(),
-        attempt_phrase=f"are {len(attempts)} earlier attempts" if many else "is an earlier attempt",
+        attempt_phrase="are several earlier attempts" if many else "is an earlier attempt",
         quality="Their quality is unknown." if many else "Its quality is unknown.",
         attempts="\n\n".join(blocks),
         review_object="each attempt" if many else "the attempt",
@@ -78,10 +79,10 @@ First, analyze which of these lessons apply to this problem and how. Then solve 
 
 
 def abstraction_text(problem: str, lessons: list[tuple[list[str], list[str]]]) -> str:
-    """``lessons``: one ``(principles, pitfalls)`` pair per pool entry."""
+    """``lessons``: one ``(principles, pitfalls)`` pair per pool entry. No digits in template text."""
     blocks = []
-    for i, (principles, pitfalls) in enumerate(lessons, 1):
-        lines = [f"### Lesson {i}"]
+    for principles, pitfalls in lessons:
+        lines = ["### Lesson"]
         if principles:
             lines.append("Principles:")
             lines += [f"- {p}" for p in principles]
@@ -126,19 +127,47 @@ class Summary:
     pitfalls: list[str] = field(default_factory=list)
 
 
-_HEADINGS = {
-    "flow_of_thought": r"flow[\s_-]*of[\s_-]*thoughts?|high[\s-]*level\s+plan|solution\s+plan|plan|approach|strategy",
-    "principles": r"(?:key\s+|general\s+|core\s+)?principles?|lessons?(?:\s+learned)?|insights?|rules?",
-    "pitfalls": r"(?:common\s+|key\s+)?pitfalls?|mistakes?(?:\s+to\s+avoid)?|errors?(?:\s+to\s+avoid)?|cautions?|warnings?",
+# Section names. Core names may head a bulleted line ("1. Principles:"); the looser synonyms only a plain line.
+_CORE = {
+    "flow_of_thought": r"flow[\s_-]+of[\s_-]+thoughts?",
+    "principles": r"(?:key\s+|general\s+|core\s+)?principles?",
+    "pitfalls": r"(?:common\s+|key\s+)?pitfalls?|mistakes\s+to\s+avoid",
 }
-_HEADING_RE = re.compile(
-    r"^[ \t>#*_\d.)(-]*(?:(?P<flow_of_thought>" + _HEADINGS["flow_of_thought"] + r")|(?P<principles>"
-    + _HEADINGS["principles"] + r")|(?P<pitfalls>" + _HEADINGS["pitfalls"] + r"))[ \t*_]*(?::|\n|$|[ \t*_]*:)[ \t*_]*",
-    re.IGNORECASE | re.MULTILINE,
-)
+_LOOSE = {
+    "flow_of_thought": r"high[\s-]*level\s+plan|solution\s+plan|plan|approach|strategy",
+    "principles": r"lessons?(?:\s+learned)?|insights?|rules?",
+    "pitfalls": r"mistakes?|errors?(?:\s+to\s+avoid)?|cautions?|warnings?",
+}
+
+
+def _heading_re(names: dict[str, str]) -> re.Pattern:
+    alternatives = "|".join(f"(?P<{key}>{pattern})" for key, pattern in names.items())
+    return re.compile(rf"^(?:{alternatives})[ \t*_]*(?P<colon>:)?[ \t*_]*(?P<rest>.*)$", re.IGNORECASE)
+
+
+_CORE_RE, _LOOSE_RE = _heading_re(_CORE), _heading_re(_LOOSE)
+_LIST_MARKER = re.compile(r"^\s*(?:[-*\u2022+]|\d+[.)]|\(\d+\))\s+")
 _BULLET_RE = re.compile(r"^\s*(?:[-*\u2022+]|\d+[.)]|\(\d+\)|[a-z][.)])\s+", re.IGNORECASE)
 MAX_ITEMS = 8
 MAX_ITEM_CHARS = 400
+
+
+def _heading(line: str) -> tuple[str, str] | None:
+    """``(section, rest of line)`` when ``line`` starts a section, else ``None``."""
+    listed = bool(_LIST_MARKER.match(line))
+    bare = _LIST_MARKER.sub("", line).strip().lstrip("#>*_ \t")
+    for pattern, loose in ((_CORE_RE, False), (_LOOSE_RE, True)):
+        match = pattern.match(bare)
+        if not match:
+            continue
+        colon, rest = match.group("colon"), match.group("rest").strip()
+        if not colon and rest:
+            continue  # "Planning the steps ..." is a sentence, not a heading
+        if listed and (loose or not colon):
+            return None  # a bullet item that merely is or starts with a section word
+        section = next(k for k in ("flow_of_thought", "principles", "pitfalls") if match.group(k))
+        return section, rest
+    return None
 
 
 def _items(block: str) -> list[str]:
@@ -189,18 +218,20 @@ def parse_summary(text: str) -> Summary | None:
     """
     if not isinstance(text, str) or not text.strip():
         return None
-    text = text.replace("\r\n", "\n")
-    matches = list(_HEADING_RE.finditer(text))
-    summary = Summary()
-    for index, match in enumerate(matches):
-        section = match.lastgroup
-        end = matches[index + 1].start() if index + 1 < len(matches) else len(text)
-        body = text[match.end():end]
-        if section == "flow_of_thought":
-            if not summary.flow_of_thought:
-                summary.flow_of_thought = " ".join(_items(body))[:1000]
-        elif not getattr(summary, section):
-            setattr(summary, section, _items(body))
+    sections: dict[str, list[str]] = {}
+    current: str | None = None
+    for line in text.replace("\r\n", "\n").split("\n"):
+        heading = _heading(line)
+        if heading is not None and heading[0] not in sections:
+            current = heading[0]
+            sections[current] = [heading[1]] if heading[1] else []
+        elif current is not None:
+            sections[current].append(line)
+    summary = Summary(
+        flow_of_thought=" ".join(_items("\n".join(sections.get("flow_of_thought", []))))[:1000],
+        principles=_items("\n".join(sections.get("principles", []))),
+        pitfalls=_items("\n".join(sections.get("pitfalls", []))),
+    )
     if not (summary.principles or summary.pitfalls):
         parsed = _from_json(text)
         if parsed is None or not (parsed.principles or parsed.pitfalls):

@@ -1,0 +1,426 @@
+"""The experience pool: what the policy has distilled from its own trials, on SQLite.
+
+Two tables. ``entries`` holds pool entries (a trial's summary: flow of thought, principles, pitfalls, plus
+metadata), capped per problem with the oldest evicted. ``attempts`` holds raw attempts per problem (bounded)
+for reward-agnostic reflection; attempts store text only, so no grading can travel with them.
+
+The file is a normal SQLite database in WAL mode: readers in other processes see consistent snapshots while
+training writes, each batch insert is one transaction, and a crash never leaves half a batch. A file this
+version does not understand (another schema version, another application, not SQLite at all) is refused with
+a message and never modified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+APPLICATION_ID = 0x4C414E50  # "LANP": marks a SQLite file as a lanpo pool
+POOL_FILENAME = "pool.sqlite"
+DEFAULT_CAP = 32  # entries per problem, as in the paper
+DEFAULT_ATTEMPTS_CAP = 4
+
+
+class PoolError(RuntimeError):
+    """A pool file that cannot be opened as a lanpo pool (wrong schema, not a pool, corrupted)."""
+
+
+@dataclass
+class PoolEntry:
+    """One distilled trial. Only the summary fields are ever shown to a model (and only for other problems)."""
+
+    problem_id: str
+    problem: str
+    flow_of_thought: str
+    principles: list[str]
+    pitfalls: list[str]
+    # metadata: for analysis and eviction, never for prompts
+    step: int = 0
+    rollout_ids: list[str] = field(default_factory=list)
+    correct: bool | None = None
+    reward: float | None = None
+    model_step: int | None = None
+    created: float = field(default_factory=time.time)
+    id: int | None = None
+
+    SUMMARY_FIELDS = ("flow_of_thought", "principles", "pitfalls")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> PoolEntry:
+        known = {f.name for f in fields(cls)}
+        missing = {"problem_id", "problem", "flow_of_thought", "principles", "pitfalls"} - set(data)
+        if missing:
+            raise ValueError(f"pool entry is missing {sorted(missing)}")
+        entry = cls(**{k: v for k, v in data.items() if k in known})
+        if not isinstance(entry.principles, list) or not isinstance(entry.pitfalls, list):
+            raise ValueError("principles and pitfalls must be lists of strings")
+        entry.principles = [str(p) for p in entry.principles]
+        entry.pitfalls = [str(p) for p in entry.pitfalls]
+        return entry
+
+
+@dataclass
+class Attempt:
+    """A raw attempt at a problem, kept for reflection. Deliberately without reward or correctness."""
+
+    problem_id: str
+    problem: str
+    text: str
+    step: int = 0
+    created: float = field(default_factory=time.time)
+    id: int | None = None
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS entries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    problem_id TEXT NOT NULL, problem TEXT NOT NULL,
+    flow_of_thought TEXT NOT NULL, principles TEXT NOT NULL, pitfalls TEXT NOT NULL,
+    step INTEGER NOT NULL, rollout_ids TEXT NOT NULL, correct INTEGER, reward REAL, model_step INTEGER,
+    created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS entries_problem ON entries (problem_id, id);
+CREATE TABLE IF NOT EXISTS attempts (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    problem_id TEXT NOT NULL, problem TEXT NOT NULL, text TEXT NOT NULL, step INTEGER NOT NULL,
+    created REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS attempts_problem ON attempts (problem_id, id);
+"""
+
+_ENTRY_COLUMNS = ("id", "problem_id", "problem", "flow_of_thought", "principles", "pitfalls", "step", "rollout_ids",
+                  "correct", "reward", "model_step", "created")
+
+
+def _row_to_entry(row: tuple) -> PoolEntry:
+    d = dict(zip(_ENTRY_COLUMNS, row))
+    return PoolEntry(
+        problem_id=d["problem_id"], problem=d["problem"], flow_of_thought=d["flow_of_thought"],
+        principles=json.loads(d["principles"]), pitfalls=json.loads(d["pitfalls"]), step=d["step"],
+        rollout_ids=json.loads(d["rollout_ids"]), correct=None if d["correct"] is None else bool(d["correct"]),
+        reward=d["reward"], model_step=d["model_step"], created=d["created"], id=d["id"],
+    )
+
+
+def resolve_pool_path(run_or_file: str | Path) -> Path:
+    """A run directory means its ``pool.sqlite``; anything else is the pool file itself."""
+    path = Path(run_or_file).expanduser()
+    if path.is_dir():
+        return path / POOL_FILENAME
+    return path
+
+
+class ExperiencePool:
+    """SQLite-backed experience pool.
+
+    Args:
+        path: database file, a run directory, or ``":memory:"``.
+        cap_per_problem: entries kept per problem; inserting more evicts the oldest.
+        attempts_per_problem: raw attempts kept per problem for reflection.
+        readonly: open without the right to write (evaluation, inspection); the file must exist.
+    """
+
+    def __init__(self, path: str | Path = ":memory:", cap_per_problem: int = DEFAULT_CAP,
+                 attempts_per_problem: int = DEFAULT_ATTEMPTS_CAP, readonly: bool = False) -> None:
+        if cap_per_problem < 1 or attempts_per_problem < 1:
+            raise ValueError("cap_per_problem and attempts_per_problem must be >= 1")
+        self.cap_per_problem = cap_per_problem
+        self.attempts_per_problem = attempts_per_problem
+        self.readonly = readonly
+        self._listeners: list[tuple[Callable, Callable]] = []
+        memory = str(path) == ":memory:"
+        self.path = None if memory else resolve_pool_path(path)
+        if memory:
+            if readonly:
+                raise ValueError("An in-memory pool cannot be read-only.")
+            self.conn = sqlite3.connect(":memory:", check_same_thread=False)
+            self._create()
+            return
+        exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists:
+            self._check_header()
+        elif readonly:
+            raise FileNotFoundError(f"No experience pool at {self.path}.")
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
+        try:
+            self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
+            if exists:
+                self._check_schema()
+            else:
+                self._create()
+            if not readonly:
+                self.conn.execute("PRAGMA journal_mode=WAL")
+                self.conn.execute("PRAGMA synchronous=NORMAL")
+        except sqlite3.DatabaseError as error:
+            raise PoolError(f"{self.path} could not be opened as an experience pool: {error}") from error
+
+    # -- opening -----------------------------------------------------------------------------------------------
+
+    def _check_header(self) -> None:
+        with self.path.open("rb") as handle:
+            header = handle.read(16)
+        if header != b"SQLite format 3\x00":
+            raise PoolError(f"{self.path} is not an SQLite database (corrupted or another kind of file); "
+                            "lanpo will not touch it.")
+
+    def _check_schema(self) -> None:
+        app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        has_meta = self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
+        if app_id != APPLICATION_ID or not has_meta:
+            raise PoolError(f"{self.path} is an SQLite database but not a lanpo experience pool; "
+                            "lanpo will not touch it.")
+        row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
+        version = int(row[0]) if row else None
+        if version != SCHEMA_VERSION:
+            raise PoolError(
+                f"{self.path} was written with pool schema version {version}; this lanpo reads version "
+                f"{SCHEMA_VERSION}. Open it with a matching lanpo version (and `lanpo pool export` it to JSONL to "
+                "move it across versions). The file was not modified."
+            )
+        self.conn.execute("PRAGMA quick_check").fetchone()
+
+    def _create(self) -> None:
+        with self.conn:
+            self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.conn.executescript(_SCHEMA)
+            self.conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [
+                ("schema_version", str(SCHEMA_VERSION)), ("created", str(time.time())),
+            ])
+
+    # -- listeners (the retrieval index follows the pool) --------------------------------------------------------
+
+    def subscribe(self, on_add: Callable[[list[PoolEntry]], None], on_remove: Callable[[list[int]], None]) -> None:
+        """Call ``on_add(entries)`` after each insert and ``on_remove(ids)`` after each eviction."""
+        self._listeners.append((on_add, on_remove))
+
+    # -- writing -----------------------------------------------------------------------------------------------
+
+    def _writable(self) -> None:
+        if self.readonly:
+            raise PoolError(f"The pool {self.path} was opened read-only.")
+
+    def add(self, entries: Iterable[PoolEntry], _notify: bool = True) -> list[int]:
+        """Insert entries in one transaction; evict the oldest beyond the per-problem cap. Returns new ids."""
+        self._writable()
+        entries = list(entries)
+        if not entries:
+            return []
+        rows = [(e.problem_id, e.problem, e.flow_of_thought, json.dumps(e.principles), json.dumps(e.pitfalls),
+                 int(e.step), json.dumps(e.rollout_ids), None if e.correct is None else int(bool(e.correct)),
+                 e.reward, e.model_step, float(e.created)) for e in entries]
+        with self.conn:
+            start = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM entries").fetchone()[0]
+            self.conn.executemany(
+                "INSERT INTO entries (problem_id, problem, flow_of_thought, principles, pitfalls, step, rollout_ids, "
+                "correct, reward, model_step, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+            ids = [r[0] for r in self.conn.execute("SELECT id FROM entries WHERE id > ? ORDER BY id", (start,))]
+            evicted = self._evict("entries", {e.problem_id for e in entries}, self.cap_per_problem)
+        for entry, new_id in zip(entries, ids):
+            entry.id = new_id
+        if _notify:
+            kept = [e for e in entries if e.id not in set(evicted)]
+            for on_add, on_remove in self._listeners:
+                on_add(kept)
+                gone = [i for i in evicted if i <= start]  # entries of this batch never reached the index
+                if gone:
+                    on_remove(gone)
+        return ids
+
+    def _evict(self, table: str, problem_ids: set[str], cap: int) -> list[int]:
+        evicted: list[int] = []
+        for pid in problem_ids:
+            ids = [r[0] for r in self.conn.execute(
+                f"SELECT id FROM {table} WHERE problem_id = ? ORDER BY id DESC LIMIT -1 OFFSET ?", (pid, cap))]
+            if ids:
+                self.conn.executemany(f"DELETE FROM {table} WHERE id = ?", [(i,) for i in ids])
+                evicted += ids
+        return evicted
+
+    def add_attempts(self, attempts: Iterable[Attempt]) -> None:
+        """Store raw attempts (text only) for reflection, keeping the newest per problem."""
+        self._writable()
+        attempts = list(attempts)
+        if not attempts:
+            return
+        with self.conn:
+            self.conn.executemany(
+                "INSERT INTO attempts (problem_id, problem, text, step, created) VALUES (?, ?, ?, ?, ?)",
+                [(a.problem_id, a.problem, a.text, int(a.step), float(a.created)) for a in attempts])
+            self._evict("attempts", {a.problem_id for a in attempts}, self.attempts_per_problem)
+
+    # -- reading -----------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
+
+    def entries(self, problem_id: str | None = None, ids: Iterable[int] | None = None,
+                limit: int | None = None) -> list[PoolEntry]:
+        """Entries, oldest first; filtered by problem or by ids."""
+        query, params = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries", []
+        if ids is not None:
+            ids = list(ids)
+            if not ids:
+                return []
+            found = {}
+            for start in range(0, len(ids), 500):
+                chunk = ids[start:start + 500]
+                for row in self.conn.execute(f"{query} WHERE id IN ({','.join('?' * len(chunk))})", chunk):
+                    found[row[0]] = _row_to_entry(row)
+            return [found[i] for i in ids if i in found]
+        if problem_id is not None:
+            query += " WHERE problem_id = ?"
+            params.append(problem_id)
+        query += " ORDER BY id"
+        if limit is not None:
+            query += " LIMIT ?"
+            params.append(int(limit))
+        return [_row_to_entry(r) for r in self.conn.execute(query, params)]
+
+    def iter_entries(self, batch: int = 10_000) -> Iterator[PoolEntry]:
+        last = 0
+        while True:
+            rows = self.conn.execute(f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries WHERE id > ? ORDER BY id "
+                                     "LIMIT ?", (last, batch)).fetchall()
+            if not rows:
+                return
+            for row in rows:
+                yield _row_to_entry(row)
+            last = rows[-1][0]
+
+    def attempts(self, problem_id: str, limit: int | None = None) -> list[Attempt]:
+        """Stored raw attempts at a problem, newest first."""
+        rows = self.conn.execute(
+            "SELECT id, problem_id, problem, text, step, created FROM attempts WHERE problem_id = ? ORDER BY id DESC "
+            "LIMIT ?", (problem_id, -1 if limit is None else int(limit))).fetchall()
+        return [Attempt(problem_id=r[1], problem=r[2], text=r[3], step=r[4], created=r[5], id=r[0]) for r in rows]
+
+    def stats(self) -> dict:
+        c = self.conn
+        entries, problems = c.execute("SELECT COUNT(*), COUNT(DISTINCT problem_id) FROM entries").fetchone()
+        correct = c.execute("SELECT AVG(correct) FROM entries WHERE correct IS NOT NULL").fetchone()[0]
+        per_problem = c.execute("SELECT MAX(n), AVG(n) FROM (SELECT COUNT(*) AS n FROM entries GROUP BY problem_id)"
+                                ).fetchone()
+        steps = c.execute("SELECT MIN(step), MAX(step) FROM entries").fetchone()
+        attempts, attempt_problems = c.execute(
+            "SELECT COUNT(*), COUNT(DISTINCT problem_id) FROM attempts").fetchone()
+        return {
+            "path": str(self.path) if self.path else ":memory:", "schema_version": SCHEMA_VERSION,
+            "entries": entries, "problems": problems, "attempts": attempts, "attempt_problems": attempt_problems,
+            "entries_per_problem_max": per_problem[0] or 0, "entries_per_problem_mean": round(per_problem[1] or 0, 2),
+            "share_from_correct_trials": None if correct is None else round(correct, 3),
+            "steps": None if steps[0] is None else [steps[0], steps[1]],
+            "cap_per_problem": self.cap_per_problem,
+            "file_bytes": self.path.stat().st_size if self.path and self.path.exists() else None,
+        }
+
+    def digest(self) -> str:
+        """A hash of the pool's content (entries and attempts, in order): equal pools have equal digests."""
+        h = hashlib.sha256()
+        for row in self.conn.execute("SELECT problem_id, problem, flow_of_thought, principles, pitfalls, step, "
+                                     "correct FROM entries ORDER BY id"):
+            h.update(json.dumps(row).encode())
+        for row in self.conn.execute("SELECT problem_id, text, step FROM attempts ORDER BY id"):
+            h.update(json.dumps(row).encode())
+        return h.hexdigest()
+
+    # -- moving pools around ----------------------------------------------------------------------------------
+
+    def export_jsonl(self, path: str | Path) -> int:
+        """Write a JSONL file: a header line, then every entry and attempt. Returns the number of lines."""
+        path = Path(path)
+        n = 0
+        with path.open("w", encoding="utf-8") as handle:
+            handle.write(json.dumps({"type": "header", "schema_version": SCHEMA_VERSION, "format": "lanpo-pool"}) + "\n")
+            for entry in self.iter_entries():
+                data = entry.to_dict()
+                data.pop("id")
+                handle.write(json.dumps({"type": "entry", **data}, ensure_ascii=False) + "\n")
+                n += 1
+            for row in self.conn.execute("SELECT problem_id, problem, text, step, created FROM attempts ORDER BY id"):
+                handle.write(json.dumps({"type": "attempt", **dict(zip(
+                    ("problem_id", "problem", "text", "step", "created"), row))}, ensure_ascii=False) + "\n")
+                n += 1
+        return n + 1
+
+    def import_jsonl(self, path: str | Path, batch: int = 5000) -> dict[str, int]:
+        """Add the entries and attempts of an exported file; malformed lines are counted and skipped."""
+        self._writable()
+        counts = {"entries": 0, "attempts": 0, "skipped": 0}
+        entries: list[PoolEntry] = []
+        attempts: list[Attempt] = []
+        with Path(path).open(encoding="utf-8") as handle:
+            for line in handle:
+                if not line.strip():
+                    continue
+                try:
+                    data = json.loads(line)
+                    kind = data.pop("type", "entry")
+                    if kind == "header":
+                        if data.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
+                            raise PoolError(f"{path} was exported by a newer pool schema "
+                                            f"({data['schema_version']}); upgrade lanpo to import it.")
+                        continue
+                    if kind == "attempt":
+                        attempts.append(Attempt(problem_id=str(data["problem_id"]), problem=str(data["problem"]),
+                                                text=str(data["text"]), step=int(data.get("step", 0)),
+                                                created=float(data.get("created", time.time()))))
+                    else:
+                        data.pop("id", None)
+                        entries.append(PoolEntry.from_dict(data))
+                except PoolError:
+                    raise
+                except (ValueError, KeyError, TypeError):
+                    counts["skipped"] += 1
+                    continue
+                if len(entries) >= batch:
+                    counts["entries"] += len(self.add(entries))
+                    entries = []
+        counts["entries"] += len(self.add(entries))
+        self.add_attempts(attempts)
+        counts["attempts"] = len(attempts)
+        return counts
+
+    def backup(self, path: str | Path) -> Path:
+        """A consistent copy of the pool (SQLite online backup), e.g. into a checkpoint."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.unlink(missing_ok=True)
+        target = sqlite3.connect(tmp)
+        try:
+            self.conn.backup(target)
+        finally:
+            target.close()
+        tmp.replace(path)
+        return path
+
+    def restore_from(self, path: str | Path) -> None:
+        """Replace this pool's content by the pool file at ``path`` (used when resuming from a checkpoint)."""
+        self._writable()
+        source = ExperiencePool(path, readonly=True)
+        try:
+            source.conn.backup(self.conn)
+        finally:
+            source.close()
+
+    def close(self) -> None:
+        try:
+            self.conn.close()
+        except sqlite3.Error:
+            pass
+
+    def __enter__(self) -> ExperiencePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,76 @@
+"""Distill trials into pool entries with any generate function (the policy, a frozen model, a stub).
+
+A trial's summary may mention whether the trial was right (the entry is only ever shown to other problems),
+but lessons that state the trial's own final answer are dropped, so no entry carries a solution.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .feedback import clean_lessons
+from .generation import GenerateFn
+from .pool import PoolEntry
+from .prompts import Messages, parse_summary, summary_messages
+from .rewards import extract_answer
+
+
+@dataclass
+class Trial:
+    """One rollout to summarize. ``gold`` is used only to scrub answers from the lessons."""
+
+    problem_id: str
+    problem: str
+    completion: str
+    correct: bool
+    gold: str | None = None
+    reward: float | None = None
+    step: int = 0
+    rollout_id: str = ""
+
+
+def summary_prompt(trial: Trial) -> Messages:
+    return summary_messages(trial.problem, trial.completion, trial.correct)
+
+
+def entry_from_summary(trial: Trial, text: str, stats: Counter | None = None) -> PoolEntry | None:
+    """Parse one generated summary into a pool entry; ``None`` (counted in ``stats``) when unusable."""
+    stats = stats if stats is not None else Counter()
+    summary = parse_summary(text)
+    if summary is None:
+        stats["parse_failed"] += 1
+        return None
+    own_answer = extract_answer(trial.completion, "lenient")
+    principles, pitfalls = summary.principles, summary.pitfalls
+    dropped = 0
+    for answer in {trial.gold, own_answer} - {None}:
+        principles, d1 = clean_lessons(principles, answer)
+        pitfalls, d2 = clean_lessons(pitfalls, answer)
+        dropped += d1 + d2
+    stats["lessons_dropped"] += dropped
+    if not (principles or pitfalls):
+        stats["empty_after_cleaning"] += 1
+        return None
+    stats["parsed"] += 1
+    return PoolEntry(
+        problem_id=trial.problem_id, problem=trial.problem, flow_of_thought=summary.flow_of_thought,
+        principles=principles, pitfalls=pitfalls, step=trial.step,
+        rollout_ids=[trial.rollout_id] if trial.rollout_id else [], correct=trial.correct, reward=trial.reward,
+        model_step=trial.step,
+    )
+
+
+def summarize_trials(trials: Sequence[Trial], generate: GenerateFn,
+                     stats: Counter | None = None) -> list[PoolEntry]:
+    """Summarize trials in one batch. Unparseable outputs are counted in ``stats`` and skipped."""
+    stats = stats if stats is not None else Counter()
+    if not trials:
+        return []
+    texts = generate([summary_prompt(t) for t in trials])
+    if len(texts) != len(trials):
+        raise RuntimeError(f"The generate function returned {len(texts)} texts for {len(trials)} prompts.")
+    stats["requested"] += len(trials)
+    entries = [entry_from_summary(t, text, stats) for t, text in zip(trials, texts)]
+    return [e for e in entries if e is not None]

@@ -1,0 +1,159 @@
+"""Feedback contexts and the leakage guard; the summary parser under fuzzing."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lanpo.feedback import (
+    LeakageError,
+    build_abstraction_prompt,
+    build_reflection_prompt,
+    leakage_problems,
+)
+from lanpo.pool import PoolEntry
+from lanpo.prompts import format_summary, parse_summary
+from lanpo.summarize import Trial, summarize_trials
+
+
+def test_reflection_prompt_shows_the_attempt_and_nothing_about_its_grade():
+    attempt = "3 + 4 = 8, so the answer is \\boxed{8}."
+    text = build_reflection_prompt("What is 3 + 4?", [attempt], gold="7")[0]["content"]
+    assert attempt in text and "\\boxed{}" in text
+    assert not leakage_problems(text, "7", ["What is 3 + 4?", attempt])
+    for word in ("reward", "correct", "wrong", "gold", "7"):
+        assert word not in text.replace(attempt, "").replace("What is 3 + 4?", "").lower()
+
+
+def test_reflection_keeps_what_the_model_itself_wrote():
+    attempt = "I think the correct answer is 7. Reward me!"  # the model's own words may say anything
+    text = build_reflection_prompt("What is 3 + 4?", [attempt], gold="7")[0]["content"]
+    assert attempt in text
+
+
+def test_reflection_needs_an_attempt():
+    with pytest.raises(ValueError):
+        build_reflection_prompt("p", ["  "])
+
+
+def test_abstraction_uses_principles_and_pitfalls_only():
+    entry = PoolEntry(problem_id="other", problem="What is 2 + 2?", flow_of_thought="add them up, get 4",
+                      principles=["line up the digits", "the answer is \\boxed{4}"],
+                      pitfalls=["forgetting to carry", "answer 9 here"], id=5)
+    result = build_abstraction_prompt("What is 5 + 4?", [entry], gold="9", problem_id="mine")
+    text = result.messages[0]["content"]
+    assert "line up the digits" in text and "forgetting to carry" in text
+    assert "What is 2 + 2?" not in text and "add them up" not in text  # no other problem, no raw solution
+    assert "\\boxed{4}" not in text and "answer 9 here" not in text  # no final answers, no current gold
+    assert result.dropped_lessons == 2 and result.used_entries == [5]
+
+
+def test_abstraction_refuses_the_same_problem_and_falls_back_when_nothing_is_left():
+    same = PoolEntry(problem_id="mine", problem="p", flow_of_thought="", principles=["x rule"], pitfalls=[])
+    with pytest.raises(LeakageError):
+        build_abstraction_prompt("p", [same], problem_id="mine")
+    empty = PoolEntry(problem_id="o", problem="p", flow_of_thought="", principles=["it is 9"], pitfalls=[])
+    assert build_abstraction_prompt("What is 4 + 5?", [empty], gold="9").messages is None
+
+
+def test_guard_spots_gold_answers_and_grades():
+    assert leakage_problems("the answer is 12", "12")
+    assert not leakage_problems("there are 120 ways", "12")  # a number must stand alone
+    assert leakage_problems("reward: 1.0", None)
+    assert leakage_problems("Your attempt was incorrect.", None)
+    assert leakage_problems("[CORRECT]", None)
+    assert leakage_problems("x = \\frac{1}{2}", "\\frac{1}{2}")
+    assert not leakage_problems("check each step for errors", "5")
+
+
+# -- property test: whatever the model wrote and whatever other entries say, a context never leaks -----------------
+
+words = st.text(alphabet=string.ascii_letters + string.digits + " +-=.,", min_size=0, max_size=60)
+
+
+@settings(max_examples=200, deadline=None)
+@given(gold=st.integers(min_value=0, max_value=999).map(str), attempt=words,
+       lessons=st.lists(st.one_of(words, st.sampled_from(["reward: 1", "the answer was correct", "it is {gold}",
+                                                           "gold answer {gold}", "\\boxed{{{gold}}}"])),
+                        min_size=1, max_size=6))
+def test_no_feedback_context_ever_leaks(gold, attempt, lessons):
+    problem = "What is the value?"
+    lessons = [x.format(gold=gold) for x in lessons]
+    entries = [PoolEntry(problem_id=f"o{i}", problem="other", flow_of_thought="", principles=[x], pitfalls=[x])
+               for i, x in enumerate(lessons)]
+    result = build_abstraction_prompt(problem, entries, gold=gold, problem_id="me")
+    if result.messages is not None:
+        assert not leakage_problems(result.messages[0]["content"], gold, [problem])
+    if attempt.strip():
+        text = build_reflection_prompt(problem, [attempt], gold=gold)[0]["content"]
+        assert not leakage_problems(text, gold, [problem, attempt])
+
+
+# -- the summary parser ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "FLOW OF THOUGHT: add then check.\nPRINCIPLES:\n- add the ones first\n- keep digits aligned\nPITFALLS:\n- no carry",
+    "## Flow of Thought\nAdd.\n## Principles\n1. add the ones first\n2. keep digits aligned\n## Pitfalls\n* no carry",
+    "**Flow of thought:** add\n**Key principles:**\n- add the ones first\n**Common pitfalls:**\n- forgetting the carry",
+    "Principles: add the ones first.\nPitfalls: forgetting the carry.",
+    '{"flow_of_thought": "add", "principles": ["add the ones first"], "pitfalls": ["no carry"]}',
+    "Sure! Here is my summary.\n\nPRINCIPLES:\n- add the ones first\n\nMistakes to avoid:\n- no carry\n",
+])
+def test_parser_accepts_what_models_write(text):
+    summary = parse_summary(text)
+    assert summary is not None and summary.principles and "add the ones first" in " ".join(summary.principles)
+
+
+@pytest.mark.parametrize("text", ["", "   ", "The answer is 7.", "PRINCIPLES:\n\nPITFALLS:\n", "{not json", "[1,2]",
+                                  "FLOW OF THOUGHT: just a plan"])
+def test_parser_rejects_what_carries_no_lesson(text):
+    assert parse_summary(text) is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=400))
+def test_parser_never_crashes(text):
+    result = parse_summary(text)
+    assert result is None or (result.principles or result.pitfalls)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(str.strip),
+                min_size=1, max_size=5),
+       st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(str.strip),
+                min_size=1, max_size=5))
+def test_canonical_summaries_parse_back(principles, pitfalls):
+    from lanpo.prompts import Summary
+
+    parsed = parse_summary(format_summary(Summary("a plan", principles, pitfalls)))
+    assert parsed is not None
+    assert parsed.principles == [p.strip() for p in principles]
+    assert parsed.pitfalls == [p.strip() for p in pitfalls]
+
+
+def test_summarize_counts_failures_and_scrubs_answers():
+    from collections import Counter
+
+    outputs = ["PRINCIPLES:\n- add ones first\n- the answer is 7\nPITFALLS:\n- forgetting to carry",
+               "I cannot summarize this.",
+               "PRINCIPLES:\n- it is 7\nPITFALLS:\n- 7"]
+    stats = Counter()
+    trials = [Trial("a", "What is 3 + 4?", "3 + 4 = \\boxed{7}", True, gold="7") for _ in outputs]
+    entries = summarize_trials(trials, lambda prompts: outputs[:len(prompts)], stats)
+    assert len(entries) == 1 and entries[0].principles == ["add ones first"]
+    assert stats["parse_failed"] == 1 and stats["empty_after_cleaning"] == 1 and stats["parsed"] == 1
+    assert entries[0].correct is True and json.dumps(entries[0].to_dict())
+
+
+def test_template_text_has_no_digits_that_could_collide_with_a_gold_answer():
+    import re
+
+    from lanpo.prompts import abstraction_text, reflection_text
+
+    reflection = reflection_text("PROBLEM", ["ATTEMPT ONE", "ATTEMPT TWO", "ATTEMPT THREE"])
+    abstraction = abstraction_text("PROBLEM", [(["RULE"], ["TRAP"])] * 3)
+    assert not re.search(r"\d", reflection) and not re.search(r"\d", abstraction)
