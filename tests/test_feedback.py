@@ -122,11 +122,12 @@ def test_parser_never_crashes(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(str.strip),
+@given(st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(lambda x: len(x.strip()) >= 3),
                 min_size=1, max_size=5),
-       st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(str.strip),
+       st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(lambda x: len(x.strip()) >= 3),
                 min_size=1, max_size=5))
 def test_canonical_summaries_parse_back(principles, pitfalls):
+    """Items of three or more characters (the parser's minimum) survive a round trip through the format."""
     from lanpo.prompts import Summary
 
     parsed = parse_summary(format_summary(Summary("a plan", principles, pitfalls)))
@@ -157,3 +158,14 @@ def test_template_text_has_no_digits_that_could_collide_with_a_gold_answer():
     reflection = reflection_text("PROBLEM", ["ATTEMPT ONE", "ATTEMPT TWO", "ATTEMPT THREE"])
     abstraction = abstraction_text("PROBLEM", [(["RULE"], ["TRAP"])] * 3)
     assert not re.search(r"\d", reflection) and not re.search(r"\d", abstraction)
+
+
+def test_summary_prompt_is_prefilled_and_the_reply_keeps_its_start(tiny_model):
+    from lanpo.generation import HFGenerator, chat_ids
+    from lanpo.prompts import SUMMARY_PREFILL, summary_messages
+
+    model, tokenizer = tiny_model
+    messages = summary_messages("What is 1 + 1?", "1 + 1 = 2", True)
+    rendered = tokenizer.decode(chat_ids(tokenizer, messages))
+    assert rendered.rstrip().endswith(SUMMARY_PREFILL)  # generation continues the heading
+    assert HFGenerator(model, tokenizer, max_new_tokens=4)([messages])[0].startswith(SUMMARY_PREFILL)

@@ -159,6 +159,13 @@ def cmd_pool(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    from .train import run
+
+    run(getattr(args, "rest", []))
+    return 0
+
+
 def _slug(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
 
@@ -177,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"lanpo {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("train", add_help=False, help="train with LANPO (GRPO + language feedback); "
+                   "`lanpo train --help` lists every field").set_defaults(func=cmd_train, accepts_rest=True)
     _eval_parser(sub)
     _pool_parser(sub)
     args, rest = parser.parse_known_args(argv)

@@ -1,7 +1,8 @@
 """Batched Hugging Face generation from chat messages: the one path used by eval, summaries and SFT data.
 
 Anything that needs text from a model takes a *generate function* ``(list[Messages]) -> list[str]``, so the
-trainer can pass the policy, tests a stub, evaluation a frozen model, and SFT data an HTTP endpoint.
+trainer can pass the policy, tests a stub, evaluation a frozen model, and SFT data an HTTP endpoint. A generate
+function returns whole replies: for a prefilled conversation, the prefilled start plus the continuation.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .prompts import Messages
+from .prompts import Messages, is_prefilled, with_prefill
 
 GenerateFn = Callable[[list[Messages]], list[str]]
 
@@ -24,14 +25,20 @@ class Sample:
 
 
 def chat_ids(tokenizer, messages: Messages) -> list[int]:
-    """Token ids of a conversation rendered with the model's chat template, ready for the assistant's reply."""
+    """Token ids of a conversation rendered with the model's chat template, ready for the assistant's reply.
+
+    A conversation that ends with an assistant message (a prefill) is rendered so that generation continues it.
+    """
+    prefilled = is_prefilled(messages)
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=not prefilled,
+                                            continue_final_message=prefilled, tokenize=True, return_dict=False)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # older/newer return types
             ids = ids["input_ids"]
         return list(ids)
     # No chat template (base models): plain text with a simple role layout.
-    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages) + "Assistant:"
+    text = "".join(f"{m['role'].capitalize()}: {m['content']}\n" for m in messages)
+    text = text.rstrip("\n") if prefilled else text + "Assistant:"
     return tokenizer(text, add_special_tokens=True)["input_ids"]
 
 
@@ -113,4 +120,6 @@ class HFGenerator:
                          "batch_size": batch_size, "progress": progress}
 
     def __call__(self, prompts: list[Messages]) -> list[str]:
-        return [samples[0].text for samples in generate(self.model, self.tokenizer, prompts, **self.settings)]
+        """The reply to each prompt (a prefilled reply includes its prefilled start)."""
+        samples = generate(self.model, self.tokenizer, prompts, **self.settings)
+        return [with_prefill(p, s[0].text) for p, s in zip(prompts, samples)]

@@ -106,18 +106,34 @@ A solution attempt:
 This attempt was {verdict}.
 
 Distill what this attempt teaches into lessons that would help on other, similar problems. Do not repeat \
-the final answer or the specific numbers. Write exactly three sections:
-FLOW OF THOUGHT: the high-level plan of a good solution, in one or two sentences.
-PRINCIPLES:
-- a general rule or method that leads to a right solution
-PITFALLS:
-- a mistake to avoid"""
+the final answer or the specific numbers. Write exactly three sections: FLOW OF THOUGHT (the high-level plan \
+of a good solution, in one or two sentences), PRINCIPLES (general rules or methods that lead to a right \
+solution, one per line starting with "- ") and PITFALLS (mistakes to avoid, one per line starting with "- ")."""
+
+# The summary's reply is prefilled with its first heading: small models then keep to the format (SmolLM2-135M
+# parsed 10 of 16 summaries with it, 0 of 16 without).
+SUMMARY_PREFILL = "FLOW OF THOUGHT:"
 
 
 def summary_messages(problem: str, solution: str, correct: bool) -> Messages:
+    """The summary prompt; it ends with the assistant's prefilled first heading (see :func:`with_prefill`)."""
     # The verdict is safe here: a summary is only ever shown to *other* problems.
     verdict = "judged correct" if correct else "judged incorrect"
-    return user(SUMMARY_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), verdict=verdict))
+    return [*user(SUMMARY_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), verdict=verdict)),
+            {"role": "assistant", "content": SUMMARY_PREFILL}]
+
+
+def is_prefilled(messages: Messages) -> bool:
+    """A conversation that ends with an assistant message is continued rather than answered."""
+    return bool(messages) and messages[-1]["role"] == "assistant"
+
+
+def with_prefill(messages: Messages, generated: str) -> str:
+    """The full reply: the prefilled start (if any) followed by what the model generated."""
+    if is_prefilled(messages):
+        prefix = messages[-1]["content"]
+        return prefix + ("" if generated.startswith((" ", "\n")) or not generated else " ") + generated
+    return generated
 
 
 @dataclass
@@ -242,7 +258,7 @@ def parse_summary(text: str) -> Summary | None:
 
 def format_summary(summary: Summary) -> str:
     """The canonical text of a summary: what SFT teaches a model to write, and what the parser reads best."""
-    lines = [f"FLOW OF THOUGHT: {summary.flow_of_thought}".rstrip(), "PRINCIPLES:"]
+    lines = [f"{SUMMARY_PREFILL} {summary.flow_of_thought}".rstrip(), "PRINCIPLES:"]
     lines += [f"- {p}" for p in summary.principles]
     lines.append("PITFALLS:")
     lines += [f"- {p}" for p in summary.pitfalls]

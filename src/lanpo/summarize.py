@@ -64,7 +64,10 @@ def entry_from_summary(trial: Trial, text: str, stats: Counter | None = None) ->
 
 def summarize_trials(trials: Sequence[Trial], generate: GenerateFn,
                      stats: Counter | None = None) -> list[PoolEntry]:
-    """Summarize trials in one batch. Unparseable outputs are counted in ``stats`` and skipped."""
+    """Summarize trials in one batch. Unparseable outputs are counted in ``stats`` and skipped.
+
+    ``generate`` returns whole replies (including the prefilled first heading, see ``prompts.with_prefill``).
+    """
     stats = stats if stats is not None else Counter()
     if not trials:
         return []

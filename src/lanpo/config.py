@@ -1,0 +1,159 @@
+"""``LanpoConfig``: TRL's ``GRPOConfig`` plus the switches of LANPO.
+
+Every field is a dataclass field with a one-line help, so ``lanpo train --help`` lists them and a YAML config
+maps one-to-one onto them. Validation runs in ``__post_init__``, before any model is loaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig
+
+from .retrieval import SCORERS
+
+SCHEDULES = ("constant", "linear")
+REFLECTION_SOURCES = ("step", "pool")
+CONTEXT_IN_LOSS = ("keep", "strip")
+ADVANTAGE_GROUPING = ("shared", "separate")
+
+
+@dataclass
+class LanpoConfig(GRPOConfig):
+    r"""
+    Configuration for [`LanpoTrainer`]: every field of TRL's `GRPOConfig`, plus:
+
+    > Parameters that control language feedback
+
+    feedback_ratio (`float`, defaults to `0.75`): p_t, the share of each group's G rollouts generated with
+        feedback in the prompt (round(p_t·G) of them); the rest start from scratch. 0 gives exactly GRPO.
+    feedback_schedule (`str`, defaults to `"constant"`): `constant`, or `linear` (p_t grows from 0 to
+        `feedback_ratio` over `feedback_warmup_steps`).
+    reflection_share (`float`, defaults to `0.5`): share of the feedback rollouts that use reward-agnostic
+        reflection (the rest use relevant abstraction).
+    reflection_source (`str`, defaults to `"step"`): `step` reflects on this step's scratch rollouts of the same
+        problem (a second generation phase); `pool` on attempts stored in earlier steps (falls back to scratch).
+
+    > Parameters that control the experience pool and retrieval
+
+    pool_cap, pool_attempts_cap, summaries_per_group, relevance_scorer, relevance_threshold (γ),
+    retrieval_top_k, retrieval_candidates, embedding_model.
+
+    > Parameters that control the loss
+
+    context_in_loss (`str`, defaults to `"keep"`): `keep` trains π(y | x, c) on feedback rollouts; `strip`
+        trains π(y | x) with a truncated per-token importance weight π(y|x) / π(y|x,c) (at most `strip_ratio_clip`).
+    advantage_grouping (`str`, defaults to `"shared"`): `shared` normalizes rewards over the whole group of G;
+        `separate` normalizes feedback and scratch rollouts of a group separately.
+    """
+
+    # -- language feedback -----------------------------------------------------------------------------------
+    feedback_ratio: float = field(default=0.75, metadata={
+        "help": "p_t: share of each group's rollouts generated with language feedback (0 = exactly GRPO)."})
+    feedback_schedule: str = field(default="constant", metadata={
+        "help": "p_t schedule: constant, or linear warm-up from 0 over feedback_warmup_steps."})
+    feedback_warmup_steps: int = field(default=0, metadata={
+        "help": "Steps over which a linear schedule raises p_t from 0 to feedback_ratio."})
+    reflection_share: float = field(default=0.5, metadata={
+        "help": "Share of feedback rollouts that use reward-agnostic reflection; the rest use relevant abstraction."})
+    reflection_source: str = field(default="step", metadata={
+        "help": "Reflect on this step's scratch rollouts (step) or on attempts stored in earlier steps (pool)."})
+
+    # -- experience pool and retrieval -----------------------------------------------------------------------
+    pool_cap: int = field(default=32, metadata={"help": "Pool entries kept per problem (oldest evicted)."})
+    pool_attempts_cap: int = field(default=4, metadata={"help": "Raw attempts kept per problem for reflection."})
+    summaries_per_group: int = field(default=1, metadata={
+        "help": "Trials per group the policy distills into pool entries each step (the summary budget)."})
+    relevance_scorer: str = field(default="llm", metadata={
+        "help": "Relevance score in [0, 1] of a retrieved entry: bm25 (normalized), embedding (cosine), llm (judge)."})
+    relevance_threshold: float = field(default=0.9, metadata={
+        "help": "γ: entries whose relevance is below it are never shown (paper: 0.9)."})
+    retrieval_top_k: int = field(default=3, metadata={"help": "Most pool entries in one abstraction prompt."})
+    retrieval_candidates: int = field(default=16, metadata={"help": "BM25 candidates scored for relevance."})
+    embedding_model: str | None = field(default=None, metadata={
+        "help": "sentence-transformers model for relevance_scorer=embedding (default: bundled all-MiniLM-L6-v2)."})
+
+    # -- loss ------------------------------------------------------------------------------------------------
+    context_in_loss: str = field(default="keep", metadata={
+        "help": "keep: train pi(y|x,c) on feedback rollouts; strip: train pi(y|x) with a clipped importance ratio."})
+    strip_ratio_clip: float = field(default=2.0, metadata={
+        "help": "strip mode: upper bound of the per-token importance weight pi(y|x)/pi(y|x,c)."})
+    advantage_grouping: str = field(default="shared", metadata={
+        "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart."})
+
+    # -- reward ----------------------------------------------------------------------------------------------
+    answer_extraction: str = field(default="lenient", metadata={
+        "help": "lenient (last \\boxed{}, else 'the answer is X', else last number) or boxed (strict)."})
+    verify_time_limit: float = field(default=2.0, metadata={
+        "help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."})
+
+    # -- run outputs -----------------------------------------------------------------------------------------
+    log_samples: int = field(default=4, metadata={
+        "help": "Rollouts per step written to samples.jsonl (prompt, completion, kind, reward)."})
+
+    def __post_init__(self) -> None:
+        self._check_lanpo_fields()
+        super().__post_init__()
+        per_process = self.per_device_train_batch_size * self.steps_per_generation
+        if per_process % self.num_generations != 0:
+            raise ValueError(
+                f"per_device_train_batch_size × steps_per_generation ({self.per_device_train_batch_size} × "
+                f"{self.steps_per_generation} = {per_process}) must be a multiple of num_generations "
+                f"({self.num_generations}), so that every process holds whole groups (LANPO builds a group's "
+                "feedback from that group's own rollouts)."
+            )
+        if self.summaries_per_group > self.num_generations:
+            raise ValueError(f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
+                             f"({self.num_generations}).")
+
+    def _check_lanpo_fields(self) -> None:
+        def unit(name: str) -> None:
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {value}.")
+
+        def choice(name: str, options: tuple[str, ...]) -> None:
+            if getattr(self, name) not in options:
+                raise ValueError(f"{name} must be one of {', '.join(options)}; got {getattr(self, name)!r}.")
+
+        if self.num_generations is not None and self.num_generations < 2:
+            raise ValueError(f"num_generations (G) must be >= 2, got {self.num_generations}: GRPO and LANPO compare "
+                             "rollouts within a group of G.")
+        unit("feedback_ratio")
+        unit("reflection_share")
+        unit("relevance_threshold")
+        choice("feedback_schedule", SCHEDULES)
+        choice("reflection_source", REFLECTION_SOURCES)
+        choice("relevance_scorer", SCORERS)
+        choice("context_in_loss", CONTEXT_IN_LOSS)
+        choice("advantage_grouping", ADVANTAGE_GROUPING)
+        choice("answer_extraction", ("lenient", "boxed"))
+        if self.feedback_schedule == "linear" and self.feedback_warmup_steps <= 0:
+            raise ValueError("feedback_schedule=linear needs feedback_warmup_steps > 0.")
+        if self.feedback_warmup_steps < 0:
+            raise ValueError(f"feedback_warmup_steps must be >= 0, got {self.feedback_warmup_steps}.")
+        for name in ("pool_cap", "pool_attempts_cap", "retrieval_top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.summaries_per_group < 0:
+            raise ValueError(f"summaries_per_group must be >= 0, got {self.summaries_per_group}.")
+        if self.retrieval_candidates < self.retrieval_top_k:
+            raise ValueError(f"retrieval_candidates ({self.retrieval_candidates}) must be >= retrieval_top_k "
+                             f"({self.retrieval_top_k}).")
+        if self.strip_ratio_clip <= 0:
+            raise ValueError(f"strip_ratio_clip must be > 0, got {self.strip_ratio_clip}.")
+        if self.verify_time_limit <= 0:
+            raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
+
+    def feedback_ratio_at(self, step: int) -> float:
+        """p_t at optimizer step ``step`` under the configured schedule."""
+        if self.feedback_schedule == "linear":
+            return self.feedback_ratio * min(1.0, step / self.feedback_warmup_steps)
+        return self.feedback_ratio
+
+    def group_plan(self, step: int) -> tuple[int, int, int]:
+        """``(scratch, reflection, abstraction)`` rollouts per group of G at ``step``."""
+        g = self.num_generations
+        feedback = int(self.feedback_ratio_at(step) * g + 0.5)  # round half up
+        reflection = int(feedback * self.reflection_share + 0.5)
+        return g - feedback, reflection, feedback - reflection

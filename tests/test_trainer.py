@@ -1,0 +1,222 @@
+"""LanpoTrainer on tiny random models: both loss modes train, p_t = 0 is TRL's GRPO, no leaks, resume."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lanpo.config import LanpoConfig
+from lanpo.data import builtin_arith, to_prompt_dataset
+from lanpo.feedback import LeakageError, leakage_problems
+from lanpo.models import load_tokenizer
+from lanpo.rewards import completion_text
+
+CANNED_SUMMARY = " add the two numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"
+
+
+def length_reward(completions, **kwargs) -> list[float]:
+    """A reward that varies between rollouts of a random model, so advantages (and the loss) are not zero."""
+    return [float(len(completion_text(c)) % 4) for c in completions]
+
+
+def common(tmp_path: Path, name: str = "run", **overrides) -> dict:
+    settings = dict(output_dir=str(tmp_path / name), use_cpu=True, bf16=False, num_generations=4,
+                    per_device_train_batch_size=8, max_completion_length=8, max_steps=2, learning_rate=1e-3,
+                    beta=0.04, logging_steps=1, save_strategy="no", report_to="none", seed=0,
+                    gradient_checkpointing=False, temperature=1.0, disable_tqdm=True)
+    settings.update(overrides)
+    return settings
+
+
+def make_trainer(model_dir, tmp_path, name="run", reward_funcs=None, problems=8, **overrides):
+    from lanpo.trainer import LanpoTrainer
+
+    lanpo_defaults = dict(relevance_scorer="bm25", relevance_threshold=0.0, summaries_per_group=1)
+    args = LanpoConfig(**{**lanpo_defaults, **common(tmp_path, name, **overrides)})
+    return LanpoTrainer(model=str(model_dir), reward_funcs=reward_funcs or [length_reward], args=args,
+                        train_dataset=to_prompt_dataset(builtin_arith("1", n=problems)),
+                        processing_class=load_tokenizer(str(model_dir)))
+
+
+def stub_summaries(trainer) -> None:
+    """A random tiny model never writes a parseable summary: answer summary prompts with a canned one."""
+    tok = trainer.processing_class
+    original = trainer._generate_ids
+    canned = tok.encode(CANNED_SUMMARY, add_special_tokens=False) + [tok.eos_token_id]
+
+    def generate(prompt_ids):
+        completions, logprobs = original(prompt_ids)
+        for k, ids in enumerate(prompt_ids):
+            if "Distill what this attempt teaches" in tok.decode(ids):
+                completions[k] = list(canned)
+        return completions, logprobs
+
+    trainer._generate_ids = generate
+
+
+def history(trainer, key):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+@pytest.mark.parametrize("mode", ["keep", "strip"])
+def test_lanpo_trains_in_both_context_modes(tiny_model_dir, tmp_path, mode):
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=3)
+    stub_summaries(trainer)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    assert any(loss != 0 for loss in history(trainer, "loss"))
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert max(history(trainer, "lanpo/feedback_share")) > 0  # 6 of 8 rows planned feedback; reflection always has some
+    assert len(trainer.pool) > 0 and history(trainer, "summaries/parse_rate")[-1] == 1.0
+    assert history(trainer, "accuracy/abstraction/mean"), "the pool filled up, so abstraction rows got context"
+    if mode == "strip":
+        assert history(trainer, "lanpo/strip_weight_mean")
+    run = Path(trainer.args.output_dir)
+    assert (run / "metrics.jsonl").is_file() and (run / "samples.jsonl").is_file() and (run / "config.json").is_file()
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert any(s["feedback"] for s in samples)
+
+
+def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path):
+    from trl import GRPOConfig, GRPOTrainer
+
+    dataset = to_prompt_dataset(builtin_arith("1", n=8))
+    grpo = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward],
+                       args=GRPOConfig(**common(tmp_path, "grpo", max_steps=3)), train_dataset=dataset,
+                       processing_class=load_tokenizer(str(tiny_model_dir)))
+    grpo.train()
+    # p_t = 0 with the pool being built all along (summaries generated under a forked RNG)
+    lanpo = make_trainer(tiny_model_dir, tmp_path, "lanpo", feedback_ratio=0.0, summaries_per_group=2, max_steps=3)
+    stub_summaries(lanpo)
+    lanpo.train()
+    for (name, a), (_, b) in zip(grpo.model.named_parameters(), lanpo.model.named_parameters()):
+        assert torch.equal(a, b), name
+    assert history(grpo, "loss") == history(lanpo, "loss")
+    assert history(grpo, "reward") == history(lanpo, "reward")
+    assert len(lanpo.pool) > 0 and lanpo.pool.stats()["attempts"] > 0
+    assert history(lanpo, "lanpo/feedback_share") == [0.0, 0.0, 0.0]
+
+
+def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
+    trainer.train()
+    reflected = [r for r in trainer._rows if r.kind == "reflection" and r.has_feedback]
+    assert reflected
+    for row in reflected:
+        context = row.context[-1]["content"]
+        attempts = [r.text for r in trainer._rows if r.problem_id == row.problem_id and r.kind == "scratch"]
+        assert any(a.strip() and a.strip() in context for a in attempts)
+        assert not leakage_problems(context, row.gold, [row.problem, *attempts])
+
+    import lanpo.prompts
+
+    monkeypatch.setattr(lanpo.prompts, "REFLECTION_TEMPLATE", lanpo.prompts.REFLECTION_TEMPLATE + "\nreward: 1.0")
+    leaky = make_trainer(tiny_model_dir, tmp_path, "leaky", feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
+    with pytest.raises(LeakageError):
+        leaky.train()
+
+
+def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    full = make_trainer(tiny_model_dir, tmp_path, "full", max_steps=4, save_strategy="steps", save_steps=2)
+    stub_summaries(full)
+    full.train()
+    checkpoint = Path(full.args.output_dir) / "checkpoint-2"
+    assert (checkpoint / "pool.sqlite").is_file() and (checkpoint / "lanpo_state.json").is_file()
+
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(checkpoint, resumed_dir / "checkpoint-2")
+    resumed = make_trainer(tiny_model_dir, tmp_path, "resumed", max_steps=4, save_strategy="steps", save_steps=2)
+    stub_summaries(resumed)
+    resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-2"))
+    for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
+        assert torch.equal(a, b), name
+    assert full.pool.digest() == resumed.pool.digest()
+    assert history(full, "loss") == history(resumed, "loss")  # the resumed log carries steps 1-2 over
+    assert history(full, "retrieval/hit_rate") == history(resumed, "retrieval/hit_rate")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("feedback_ratio", 1.5, "feedback_ratio must be in"),
+    ("reflection_share", -0.1, "reflection_share must be in"),
+    ("relevance_threshold", 2.0, "relevance_threshold must be in"),
+    ("num_generations", 1, "num_generations"),
+    ("per_device_train_batch_size", 6, "(divisible by|a multiple of) num_generations"),
+    ("relevance_scorer", "vibes", "relevance_scorer must be one of"),
+    ("context_in_loss", "drop", "context_in_loss must be one of"),
+    ("feedback_schedule", "linear", "feedback_warmup_steps"),
+    ("summaries_per_group", 9, "summaries_per_group"),
+])
+def test_invalid_config_fails_before_any_model_loads(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        LanpoConfig(**{**common(tmp_path), field: value})
+
+
+def test_feedback_schedule_and_group_plan(tmp_path):
+    config = LanpoConfig(**common(tmp_path, num_generations=8, per_device_train_batch_size=8), feedback_ratio=0.75,
+                         feedback_schedule="linear", feedback_warmup_steps=4, reflection_share=0.5)
+    assert config.group_plan(0) == (8, 0, 0)
+    assert config.group_plan(2) == (5, 2, 1)  # p_t = 0.375: 3 feedback rollouts
+    assert config.group_plan(10) == (2, 3, 3)  # p_t = 0.75: 6 feedback rollouts
+
+
+def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
+    from lanpo.cli import main
+
+    run = tmp_path / "cli-run"
+    code = main(["train", "--model_name_or_path", str(tiny_model_dir), "--data", "builtin:arith?n=8",
+                 "--output_dir", str(run), "--max_steps", "2", "--num_generations", "4",
+                 "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--save_steps", "1",
+                 "--disable_tqdm", "true"])
+    assert code == 0
+    for name in ("config.yaml", "config.json", "metrics.jsonl", "samples.jsonl", "pool.sqlite", "training_curves.png",
+                 "final/config.json", "checkpoint-2/pool.sqlite"):
+        assert (run / name).exists(), name
+    resolved = (run / "config.yaml").read_text()
+    assert "feedback_ratio: 0.75" in resolved and "num_generations: 4" in resolved
+
+    code = main(["train", "--model_name_or_path", str(tiny_model_dir), "--data", "builtin:arith?n=8",
+                 "--resume", str(run / "checkpoint-1"), "--max_steps", "3", "--num_generations", "4",
+                 "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--disable_tqdm", "true"])
+    assert code == 0
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert max(steps) == 3
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_pool(tiny_model_dir, tmp_path):
+    script = Path(__file__).parent / "multiprocess_run.py"
+    out = tmp_path / "mp"
+    # `--cpu` would make accelerate start a single process; `--multi_gpu` starts two through torchrun, which use
+    # gloo on a machine without GPUs (and the config's use_cpu=True keeps them on the CPU elsewhere).
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
+           str(tiny_model_dir), str(out)]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    digests = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert digests[0]["world_size"] == 2
+    assert digests[0]["digest"] == digests[1]["digest"] and digests[0]["entries"] > 0
+
+
+@pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_configs_parse_and_validate(config):
+    from lanpo.train import parse
+
+    train_args, model_args, lanpo_config = parse(["--config", str(config)])
+    assert model_args.model_name_or_path and train_args.data
+    assert 0 <= lanpo_config.feedback_ratio <= 1 and lanpo_config.num_generations >= 2
+
+
+def test_embedded_default_needs_no_config():
+    from lanpo.train import parse
+
+    train_args, model_args, config = parse([])
+    assert model_args.model_name_or_path == "smollm2-135m" and train_args.data == "builtin:arith"
+    assert config.feedback_ratio == 0.75 and config.num_generations == 8 and not config.bf16
