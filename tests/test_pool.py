@@ -208,3 +208,12 @@ def test_pool_cli_reports_a_bad_file_without_a_traceback(tmp_path, capsys):
     bad.write_text("garbage" * 20)
     assert main(["pool", "stats", str(bad)]) == 2
     assert "not an SQLite database" in capsys.readouterr().err
+
+
+def test_a_new_path_without_suffix_is_a_run_directory(tmp_path):
+    with ExperiencePool(tmp_path / "new-run") as pool:
+        pool.add([entry("a")])
+    assert (tmp_path / "new-run" / "pool.sqlite").is_file()
+    with ExperiencePool(tmp_path / "plain.db") as pool:
+        pool.add([entry("a")])
+    assert (tmp_path / "plain.db").is_file()

@@ -111,9 +111,10 @@ def _row_to_entry(row: tuple) -> PoolEntry:
 
 
 def resolve_pool_path(run_or_file: str | Path) -> Path:
-    """A run directory means its ``pool.sqlite``; anything else is the pool file itself."""
+    """A run directory (existing, or a new path without a file suffix) means its ``pool.sqlite``; anything else
+    is the pool file itself."""
     path = Path(run_or_file).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (not path.exists() and not path.suffix):
         return path / POOL_FILENAME
     return path
 

@@ -83,7 +83,9 @@ def parse(argv: list[str]):
         defaults.update(bf16=True, gradient_checkpointing=True)
     else:
         defaults["use_cpu"] = True
-    parser.set_defaults_with_config(**defaults)
+    unknown = parser.set_defaults_with_config(**defaults)
+    if unknown:
+        raise RuntimeError(f"lanpo's training defaults name unknown fields: {unknown}")
     train_args, model_args, config = parser.parse_args_and_config(argv)
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = EMBEDDED_DEFAULTS["model_name_or_path"]

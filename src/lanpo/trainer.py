@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -49,6 +50,9 @@ from .rewards import MathVerifier, make_accuracy_reward
 from .summarize import Trial, entry_from_summary, summary_prompt
 
 logger = logging.getLogger(__name__)
+# rollout_func is "experimental" in TRL 1.x; lanpo pins trl<2 and tests the API it relies on, so the warning
+# TRL prints on every trainer would only be noise for lanpo users.
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 STATE_FILE = "lanpo_state.json"
 FEEDBACK_KINDS = ("reflection", "abstraction")
@@ -83,7 +87,7 @@ def _problem_of(row: dict) -> tuple[str, str]:
     return str(problem_id), str(problem)
 
 
-class _MetricsFileCallback(TrainerCallback):
+class MetricsFileCallback(TrainerCallback):
     """Append every log line to ``metrics.jsonl`` in the run directory (main process)."""
 
     def __init__(self, path: Path) -> None:
@@ -130,7 +134,7 @@ class LanpoTrainer(GRPOTrainer):
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(args.to_json_string())
-            self.add_callback(_MetricsFileCallback(self.run_dir / "metrics.jsonl"))
+            self.add_callback(MetricsFileCallback(self.run_dir / "metrics.jsonl"))
         # Every process keeps the same pool (entries are gathered before insertion); the main process's is
         # the run's file, the others live in memory.
         self.pool = pool or ExperiencePool(self.run_dir / POOL_FILENAME if main else ":memory:",

@@ -1,0 +1,101 @@
+"""Step-time overhead: LANPO vs our GRPO (p_t = 0) vs stock TRL GRPOTrainer, in one run.
+
+Same model (the embedded default, CPU), config and seed for every arm; the median of TRL's per-step
+`step_time` over steps 2..N (step 1 warms up). Arms:
+
+* `trl`        — trl.GRPOTrainer, no rollout_func;
+* `grpo`       — LanpoTrainer with feedback_ratio=0 and no summaries (the GRPO baseline of this library);
+* `lanpo`      — LanpoTrainer defaults: p_t = 0.75, reflection on this step's scratch rollouts, summaries on;
+* `lanpo-pool` — the same, reflecting on attempts stored in earlier steps (no second generation phase).
+
+Prints lanpo / grpo (goal <= 1.3 on CPU) and grpo / trl (goal <= 1.05), with each arm's time split.
+
+    python benchmarks/step_overhead.py [--steps 5] [--arms trl,grpo,lanpo,lanpo-pool]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+
+import torch
+
+from lanpo.data import builtin_arith, to_prompt_dataset
+from lanpo.models import load_tokenizer, resolve_model_path
+from lanpo.rewards import MathVerifier, make_accuracy_reward
+from lanpo.train import parse
+
+SPLIT = ("time/generate", "time/summarize", "time/retrieve", "time/score", "time/update")
+
+
+def run_arm(arm: str, steps: int, model_path: str, dataset, out: str) -> dict:
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lanpo.trainer import LanpoTrainer
+
+    cli = ["--output_dir", out, "--max_steps", str(steps), "--save_strategy", "no", "--disable_tqdm", "true"]
+    if arm == "grpo":
+        cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
+    if arm == "lanpo-pool":
+        cli += ["--reflection_source", "pool"]
+    _, _, config = parse(cli)
+    tokenizer = load_tokenizer(model_path)
+    start = time.perf_counter()
+    if arm == "trl":
+        lanpo_only = {f for f in config.__dataclass_fields__ if f not in GRPOConfig.__dataclass_fields__}
+        kwargs = {k: getattr(config, k) for k in config.__dataclass_fields__
+                  if k not in lanpo_only and config.__dataclass_fields__[k].init}
+        kwargs["lr_scheduler_type"] = config.lr_scheduler_type.value
+        kwargs.update(generation_batch_size=None, steps_per_generation=None)  # re-derived from the batch sizes
+        trainer = GRPOTrainer(model=model_path, reward_funcs=[make_accuracy_reward(MathVerifier())],
+                              args=GRPOConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
+    else:
+        trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    step_times = [h["step_time"] for h in logs][1:]
+    split = {key: round(statistics.median(h[key] for h in logs[1:]), 2) for key in SPLIT if key in logs[-1]}
+    return {"median_step_s": round(statistics.median(step_times), 2), "step_times": [round(x, 1) for x in step_times],
+            "split_median_s": split, "wall_s": round(time.perf_counter() - start, 1),
+            "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--arms", default="trl,grpo,lanpo,lanpo-pool")
+    args = parser.parse_args()
+    model_path = resolve_model_path("smollm2-135m")
+    dataset = to_prompt_dataset(builtin_arith("1", n=64, seed=0))
+    results = {}
+    for arm in args.arms.split(","):
+        out = tempfile.mkdtemp(prefix=f"overhead-{arm}-")
+        try:
+            results[arm] = run_arm(arm, args.steps, model_path, dataset, out)
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+        print(arm, json.dumps(results[arm]), flush=True)
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "settings": "embedded default: SmolLM2-135M fp32, G=8, 1 problem/step, 96 new tokens, beta 0.04, "
+                    f"{args.steps} steps (median of steps 2..{args.steps})",
+        "arms": results,
+    }
+    if "lanpo" in results and "grpo" in results:
+        report["lanpo_over_grpo"] = round(results["lanpo"]["median_step_s"] / results["grpo"]["median_step_s"], 3)
+    if "lanpo-pool" in results and "grpo" in results:
+        report["lanpo_pool_over_grpo"] = round(
+            results["lanpo-pool"]["median_step_s"] / results["grpo"]["median_step_s"], 3)
+    if "grpo" in results and "trl" in results:
+        report["grpo_over_trl"] = round(results["grpo"]["median_step_s"] / results["trl"]["median_step_s"], 3)
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
