@@ -56,3 +56,86 @@ def test_eval_cli_end_to_end_on_a_tiny_model(tiny_model_dir, problems_file, tmp_
 def test_eval_cli_reports_bad_data_without_a_traceback(tmp_path, capsys):
     assert main(["eval", "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "not found" in capsys.readouterr().err
+
+
+# -- LANPO's inference modes ------------------------------------------------------------------------------------
+
+def _stub_pool(tmp_path, problems):
+    """A run directory with a pool: one entry per problem, plus one entry whose text equals an eval problem."""
+    from lanpo.pool import ExperiencePool, PoolEntry
+
+    run = tmp_path / "pool-run"
+    with ExperiencePool(run) as pool:
+        pool.add([PoolEntry(problem_id=f"train-{i}", problem=f"What is {i} + {i + 1}?", flow_of_thought="add",
+                            principles=["add the ones digits first", "write the sum in a box"],
+                            pitfalls=["forgetting to carry"]) for i in range(6)])
+        pool.add([PoolEntry(problem_id="other-id", problem=problems[0]["q"], flow_of_thought="",
+                            principles=["SECRET LESSON OF THE SAME PROBLEM"], pitfalls=[])])
+    (run / "config.json").write_text(json.dumps({"relevance_scorer": "bm25", "relevance_threshold": 0.0,
+                                                 "retrieval_top_k": 2, "retrieval_candidates": 8}))
+    return run
+
+
+def test_all_three_modes_end_to_end_on_a_tiny_model(tiny_model_dir, problems_file, tmp_path):
+    rows = [json.loads(x) for x in problems_file.read_text().splitlines()]
+    run = _stub_pool(tmp_path, rows)
+    out = tmp_path / "modes"
+    code = main(["eval", "--model", str(tiny_model_dir), "--data", str(problems_file), "--problem-field", "q",
+                 "--answer-field", "sol", "--k", "2", "--max-new-tokens", "5", "--modes",
+                 "zero-shot,retrieval,self-correct", "--pool", str(run), "--rounds", "2", "--out", str(out)])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["modes"]) == {"zero-shot", "retrieval", "self-correct"}
+    assert results["retrieval"]["scorer"] == "bm25" and results["retrieval"]["top_k"] == 2
+    retrieval = [json.loads(x) for x in (out / "completions-retrieval.jsonl").read_text().splitlines()]
+    assert results["modes"]["retrieval"]["metrics"]["context_rate"] > 0
+    same = next(r for r in retrieval if r["problem"] == rows[0]["q"])
+    assert "SECRET LESSON" not in same["prompt"]  # never the problem's own entries, even under another id
+    assert results["modes"]["retrieval"]["same_text_entries_excluded"] >= 1
+    assert any("add the ones digits first" in r["prompt"] for r in retrieval)
+    correct = [json.loads(x) for x in (out / "completions-self-correct.jsonl").read_text().splitlines()]
+    assert all(len(chain) == 3 for r in correct for chain in r["rounds"])  # attempt + 2 reflection rounds
+    metrics = results["modes"]["self-correct"]["metrics"]
+    assert {"mean@2_round0", "mean@2_round1", "mean@2_round2"} <= set(metrics)
+    assert metrics["mean@2"] == metrics["mean@2_round2"]  # the last round is the one scored
+    from lanpo.feedback import leakage_problems
+
+    for record in correct:  # the reflection prompt shows the model's own attempt, never the answer or a grade
+        attempts = [step["text"] for chain in record["rounds"] for step in chain]
+        assert "Earlier attempt" in record["prompt"]
+        assert not leakage_problems(record["prompt"], record["answer"], [record["problem"], *attempts])
+    assert "context on" in (out / "results.md").read_text()
+
+
+def test_retrieval_mode_needs_a_pool(capsys):
+    with pytest.raises(SystemExit, match="--pool"):
+        main(["eval", "--modes", "retrieval"])
+
+
+def test_benchmark_registry_reads_local_files(tiny_model_dir, shared_data, tmp_path):
+    out = tmp_path / "bench"
+    assert main(["eval", "--model", str(tiny_model_dir), "--benchmarks", "math500,amc23", "--data-dir",
+                 str(shared_data), "--limit", "2", "--k", "1", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    for name in ("math500", "amc23"):
+        results = json.loads((out / name / "results.json").read_text())
+        assert results["data"] == name and results["modes"]["zero-shot"]["metrics"]["problems"] == 2
+
+
+def test_compare_writes_table_and_plot(tmp_path):
+    from lanpo.compare import compare
+
+    runs = []
+    for name, share in (("grpo", 0.0), ("lanpo", 0.75)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"feedback_ratio": share}))
+        lines = [{"step": s, "accuracy/scratch/mean": 0.1 * s, "reward/scratch/mean": 0.1 * s,
+                  "lanpo/pool_size": 2 * s, **({"reward/feedback/mean": 0.2 * s} if share else {})}
+                 for s in range(1, 6)]
+        (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{broken\n")
+        (run / "evals.jsonl").write_text(json.dumps({"step": 5, "mode": "zero-shot", "metrics": {"mean@2": 0.5}}))
+        runs.append(str(run))
+    md = compare(runs, tmp_path / "cmp")
+    text = md.read_text()
+    assert "| grpo | 5 | 0.0 |" in text and "| lanpo | 5 | 0.75 |" in text and "step5/zero-shot" in text
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000

@@ -159,10 +159,38 @@ def cmd_pool(args) -> int:
     return 0
 
 
+def _compare_parser(sub) -> None:
+    p = sub.add_parser("compare", help="compare runs (e.g. LANPO vs GRPO): markdown table and PNG plots",
+                       description="Tables and plots (accuracy per step, feedback vs scratch reward, pool growth) of "
+                                   "several run directories, plus any evaluations stored in them.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each with metrics.jsonl)")
+    p.add_argument("--names", help="comma-separated display names (default: directory names)")
+    p.add_argument("--out", help="output directory (default: runs/compare-<time>)")
+    p.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args) -> int:
+    from .compare import compare
+
+    names = [n.strip() for n in args.names.split(",")] if args.names else None
+    if names and len(names) != len(args.runs):
+        raise ValueError(f"--names gives {len(names)} names for {len(args.runs)} runs.")
+    md = compare(args.runs, args.out or f"runs/compare-{time.strftime('%Y%m%d-%H%M%S')}", names)
+    print(md.read_text())
+    print(f"Written: {md} and {md.parent / 'compare.png'}")
+    return 0
+
+
+def _model_alias(argv: list[str]) -> list[str]:
+    """``--model M`` is accepted for TRL's ``--model_name_or_path M``."""
+    return ["--model_name_or_path" if a == "--model" else
+            a.replace("--model=", "--model_name_or_path=", 1) if a.startswith("--model=") else a for a in argv]
+
+
 def cmd_train(args) -> int:
     from .train import run
 
-    run(getattr(args, "rest", []))
+    run(_model_alias(getattr(args, "rest", [])))
     return 0
 
 
@@ -188,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                    "`lanpo train --help` lists every field").set_defaults(func=cmd_train, accepts_rest=True)
     _eval_parser(sub)
     _pool_parser(sub)
+    _compare_parser(sub)
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -185,12 +185,21 @@ def markdown_table(results: list[ModeResult], header: dict) -> str:
     lines = [f"# Evaluation: {header.get('model', '?')} on {header.get('data', '?')}", "",
              f"Problems: {results[0].metrics['problems']}, samples per problem k={k}, "
              f"settings: `{json.dumps(header.get('settings', {}))}`", "",
-             f"| mode | mean@{k} | ± s.e. | pass@1 | pass@{k} | mean length | truncated |",
-             "|---|---|---|---|---|---|---|"]
+             f"| mode | mean@{k} | ± s.e. | pass@1 | pass@{k} | mean length | truncated | notes |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in results:
         m = r.metrics
+        notes = []
+        if "context_rate" in m:
+            notes.append(f"context on {m['context_rate']:.0%} of problems")
+        rounds = [m[key] for key in sorted(m) if key.startswith(f"mean@{k}_round")]
+        if rounds:
+            notes.append("per round " + " → ".join(f"{x:.3f}" for x in rounds))
         lines.append(f"| {r.mode} | {m[f'mean@{k}']:.3f} | {m[f'mean@{k}_stderr']:.3f} | {m['pass@1']:.3f} | "
-                     f"{m[f'pass@{k}']:.3f} | {m['mean_length']:.1f} | {m['truncation_rate']:.2f} |")
+                     f"{m[f'pass@{k}']:.3f} | {m['mean_length']:.1f} | {m['truncation_rate']:.2f} | "
+                     f"{'; '.join(notes)} |")
+    verifier = results[0].info.get("verifier", {})
+    lines += ["", f"Verifier: extraction `{verifier.get('extraction')}`, time limit {verifier.get('time_limit')} s."]
     return "\n".join(lines) + "\n"
 
 
