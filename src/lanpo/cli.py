@@ -194,6 +194,65 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_sft(args) -> int:
+    from .sft import run_sft
+
+    run_sft(_model_alias(getattr(args, "rest", [])))
+    return 0
+
+
+def _sft_data_parser(sub) -> None:
+    p = sub.add_parser("sft-data", help="build the SFT seeding examples (summarize, reflect, use feedback)",
+                       description="Build chat-format examples of LANPO's three skills from problems in --data, "
+                                   "with a teacher model; answers are kept only when they verify (rejection "
+                                   "sampling), summaries only when they parse. Resumable.")
+    p.add_argument("--teacher", default="smollm2-135m",
+                   help="teacher model: hub id, local dir, .gguf, smollm2-135m (the policy itself), or the model "
+                        "name served at --teacher-url")
+    p.add_argument("--teacher-url", help="OpenAI-compatible endpoint (e.g. http://localhost:8000/v1 of a vLLM server)")
+    p.add_argument("--api-key", help="bearer token for --teacher-url")
+    p.add_argument("--data", default="builtin:arith", help="problems to build examples from (any data spec)")
+    _data_field_args(p)
+    p.add_argument("--limit", type=int, help="use only the first N problems")
+    p.add_argument("--out", required=True, help="output JSONL (appended to; resumable)")
+    p.add_argument("--n", type=int, default=3000, help="examples to build in all (default 3000)")
+    p.add_argument("--mix", default="1,1,1", help="shares of summarize,reflect,feedback (default 1,1,1)")
+    p.add_argument("--tries", type=int, default=4, help="teacher samples per example before dropping it (default 4)")
+    p.add_argument("--batch-size", type=int, default=16, help="problems per round (default 16)")
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_sft_data)
+
+
+def cmd_sft_data(args) -> int:
+    from .data import load_problems
+    from .sft import EndpointTeacher, build_sft_data
+
+    mix = [float(x) for x in args.mix.split(",")]
+    problems = load_problems(args.data, split=args.split, limit=args.limit, **_field_kwargs(args))
+    if args.teacher_url:
+        teacher = EndpointTeacher(args.teacher_url, args.teacher, temperature=args.temperature,
+                                  max_tokens=args.max_new_tokens, api_key=args.api_key)
+    else:
+        import torch
+
+        from .generation import HFGenerator
+        from .models import load_model
+
+        torch.manual_seed(args.seed)
+        model, tokenizer = load_model(_model_path(args.teacher))
+        teacher = HFGenerator(model, tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              batch_size=32)
+    report = build_sft_data(problems, teacher, args.out, n=args.n, mix=mix, tries=args.tries,
+                            batch_size=args.batch_size, teacher_name=args.teacher, seed=args.seed)
+    summary = report.as_dict()
+    Path(args.out + ".report.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    print(f"Examples: {args.out} (report: {args.out}.report.json)")
+    return 0
+
+
 def _slug(spec: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
 
@@ -214,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("train", add_help=False, help="train with LANPO (GRPO + language feedback); "
                    "`lanpo train --help` lists every field").set_defaults(func=cmd_train, accepts_rest=True)
+    _sft_data_parser(sub)
+    sub.add_parser("sft", add_help=False, help="supervised fine-tuning on sft-data examples (TRL SFTTrainer); "
+                   "`lanpo sft --help` lists every field").set_defaults(func=cmd_sft, accepts_rest=True)
     _eval_parser(sub)
     _pool_parser(sub)
     _compare_parser(sub)
