@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import string
 
 import pytest
@@ -169,3 +170,26 @@ def test_summary_prompt_is_prefilled_and_the_reply_keeps_its_start(tiny_model):
     rendered = tokenizer.decode(chat_ids(tokenizer, messages))
     assert rendered.rstrip().endswith(SUMMARY_PREFILL)  # generation continues the heading
     assert HFGenerator(model, tokenizer, max_new_tokens=4)([messages])[0].startswith(SUMMARY_PREFILL)
+
+
+def test_real_gsm8k_contexts_show_no_gold_no_reward_and_only_lessons_of_other_problems(shared_data):
+    from lanpo.data import load_problems
+
+    problems = load_problems("gsm8k", data_dir=shared_data, limit=40)
+    target, others = problems[0], problems[1:]
+    wrong = f"Let me compute step by step. The total is {int(float(target.answer)) + 1}. \\boxed{{{int(float(target.answer)) + 1}}}"
+    reflection = build_reflection_prompt(target.problem, [wrong], gold=target.answer)[0]["content"]
+    assert wrong in reflection
+    outside = reflection.replace(wrong, "").replace(target.problem, "")
+    assert not re.search(rf"(?<!\d){re.escape(target.answer)}(?!\d)", outside)
+    assert not re.search(r"reward|correct|gold|\u2713|\u2717", outside, re.IGNORECASE)
+
+    entries = [PoolEntry(problem_id=p.id, problem=p.problem, flow_of_thought=f"solve it to get {p.answer}",
+                         principles=[f"principle of {p.id}", f"its answer is {p.answer}"],
+                         pitfalls=[f"pitfall of {p.id}"]) for p in others[:5]]
+    text = build_abstraction_prompt(target.problem, entries, gold=target.answer, problem_id=target.id).messages
+    text = text[0]["content"]
+    for p in others[:5]:
+        assert f"principle of {p.id}" in text and f"pitfall of {p.id}" in text
+        assert p.problem not in text and "solve it to get" not in text and f"its answer is {p.answer}" not in text
+    assert not leakage_problems(text, target.answer, [target.problem])

@@ -115,3 +115,10 @@ def test_math500_gold_solutions_verify(shared_data):
     with MathVerifier(extraction="boxed", time_limit=5.0) as v:
         scores = v.score_texts([r["answer"] for r in rows], [r["solution"] for r in rows])
     assert sum(scores) / len(rows) >= 0.99
+
+
+def test_worker_start_up_never_counts_against_the_time_limit():
+    # spawn workers re-import math-verify and sympy (seconds); the limit covers only the verification itself
+    with MathVerifier(time_limit=0.5, workers=1, start_method="spawn") as v:
+        assert v.score(["18", "\\frac{1}{2}"], ["18.0", "0.5"]) == [1.0, 1.0]
+        assert v.stats["timeouts"] == 0

@@ -108,6 +108,7 @@ def _worker_main(conn: Connection) -> None:  # pragma: no cover - runs in the ch
     def parse_gold(gold: str):
         return parse(gold, parsing_timeout=None)
 
+    conn.send(("ready", None, None))  # imports done: from now on, time spent is verification time
     while True:
         try:
             batch = conn.recv()
@@ -126,6 +127,9 @@ def _worker_main(conn: Connection) -> None:  # pragma: no cover - runs in the ch
                 conn.send((index, 0.0, type(error).__name__))
 
 
+STARTUP_TIMEOUT = 120.0  # seconds a new worker may take to import math-verify (slow on a busy machine)
+
+
 class _Worker:
     def __init__(self, ctx) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
@@ -134,6 +138,19 @@ class _Worker:
         child.close()
         self.pending: list[tuple[int, str, str]] = []  # sent, not yet answered, in order
         self.deadline = 0.0
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Block until the worker has imported math-verify, so start-up never counts against an answer."""
+        if self.ready:
+            return
+        if not self.conn.poll(STARTUP_TIMEOUT):
+            self.kill()
+            raise RuntimeError(f"A math-verify worker did not start within {STARTUP_TIMEOUT:.0f} s.")
+        message = self.conn.recv()
+        if message[0] != "ready":
+            raise RuntimeError(f"Unexpected first message from a math-verify worker: {message!r}")
+        self.ready = True
 
     def send(self, items: list[tuple[int, str, str]], limit: float) -> None:
         self.pending = list(items)
@@ -148,18 +165,19 @@ class _Worker:
             self.conn.close()
 
 
-_CONTEXT = None
+_CONTEXTS: dict[str, object] = {}
 
 
-def _context():
-    """A forkserver context that preloads math-verify, so replacing a killed worker takes milliseconds."""
-    global _CONTEXT
-    if _CONTEXT is None:
-        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-        _CONTEXT = mp.get_context(method)
+def _context(method: str | None = None):
+    """A multiprocessing context; forkserver (the default) preloads math-verify so replacing a killed worker
+    takes milliseconds, spawn works everywhere."""
+    method = method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    if method not in _CONTEXTS:
+        ctx = mp.get_context(method)
         if method == "forkserver":
-            _CONTEXT.set_forkserver_preload(["lanpo.rewards", "math_verify"])
-    return _CONTEXT
+            ctx.set_forkserver_preload(["lanpo.rewards", "math_verify"])
+        _CONTEXTS[method] = ctx
+    return _CONTEXTS[method]
 
 
 class MathVerifier:
@@ -169,9 +187,12 @@ class MathVerifier:
         time_limit: seconds one answer may take before it scores 0 (its worker is replaced).
         extraction: ``boxed`` (strict) or ``lenient`` (see :func:`extract_answer`).
         workers: worker processes (default: up to 2, fewer on a 1-core machine).
+        start_method: ``forkserver`` (default where available) or ``spawn``. Start-up time never counts against
+            the time limit: a worker gets work only once it reports that math-verify is imported.
     """
 
-    def __init__(self, time_limit: float = 2.0, extraction: str = "lenient", workers: int | None = None) -> None:
+    def __init__(self, time_limit: float = 2.0, extraction: str = "lenient", workers: int | None = None,
+                 start_method: str | None = None) -> None:
         if time_limit <= 0:
             raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}.")
         if extraction not in EXTRACTION_MODES:
@@ -179,6 +200,7 @@ class MathVerifier:
         self.time_limit = float(time_limit)
         self.extraction = extraction
         self.num_workers = workers or max(1, min(2, os.cpu_count() or 1))
+        self.start_method = start_method
         self.stats: Counter[str] = Counter()
         self._workers: list[_Worker] = []
         self._lock = threading.Lock()
@@ -233,7 +255,9 @@ class MathVerifier:
 
     def _ensure_workers(self) -> None:
         while len(self._workers) < self.num_workers:
-            self._workers.append(_Worker(_context()))
+            self._workers.append(_Worker(_context(self.start_method)))
+        for worker in self._workers:  # started together, waited for together
+            worker.wait_ready()
 
     def _verify(self, items: list[tuple[int, str, str]]) -> dict[int, float]:
         self._ensure_workers()
@@ -245,6 +269,7 @@ class MathVerifier:
         while queue or busy:
             while idle and queue:
                 worker = idle.pop()
+                worker.wait_ready()
                 worker.send(queue[:chunk], self.time_limit)
                 del queue[:chunk]
                 busy.append(worker)
@@ -269,13 +294,13 @@ class MathVerifier:
                     stuck = worker.pending.pop(0)
                     results[stuck[0]] = 0.0
                     self.stats["timeouts"] += 1
-                    logger.warning("Answer verification exceeded %.1fs; scored 0 (worker restarted)",
-                                   self.time_limit)
+                    logger.warning("Verifying %r against %r exceeded %.1fs; scored 0 (worker restarted)",
+                                   stuck[2][:80], stuck[1][:40], self.time_limit)
                     queue = worker.pending + queue  # the rest of its chunk goes to a fresh worker
                     busy.remove(worker)
                     self._workers.remove(worker)
                     worker.kill()
-                    replacement = _Worker(_context())
+                    replacement = _Worker(_context(self.start_method))
                     self._workers.append(replacement)
                     idle.append(replacement)
         return results

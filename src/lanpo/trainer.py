@@ -23,6 +23,7 @@ and post-process advantages), ``_calculate_rewards`` (to read rewards), ``_save_
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import os
@@ -145,6 +146,12 @@ class LanpoTrainer(GRPOTrainer):
             scorer = make_scorer(args.relevance_scorer, embedding_model=args.embedding_model)
         self.retriever = Retriever(self.pool, scorer, gamma=args.relevance_threshold, top_k=args.retrieval_top_k,
                                    candidates=args.retrieval_candidates)
+        # TRL 1.9 generates with GRPOTrainer's own G per call; later releases take num_generations per call,
+        # which is what lets vLLM server mode treat every row's prompt as its own.
+        self._per_call_generations = "num_generations" in inspect.signature(self._generate_single_turn).parameters
+        if not self._per_call_generations and args.use_vllm and args.vllm_mode == "server" and args.feedback_ratio:
+            raise ValueError("LANPO with vLLM server mode needs a TRL whose GRPOTrainer._generate_single_turn takes "
+                             "num_generations (trl 1.16 does; 1.9 does not): upgrade TRL, or use vllm_mode=colocate.")
         self._accuracy_index = self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names \
             else None
         self._pending: list[Trial] = []  # trials whose summaries ride along in the next generation batch
@@ -170,11 +177,16 @@ class LanpoTrainer(GRPOTrainer):
         prompt_ids, _, _ = self._tokenize_prompts(prompts)
         return [list(ids) for ids in prompt_ids]
 
+    def _generate_single(self, prompt_ids, images, multimodal_fields, num_generations: int):
+        if self._per_call_generations:
+            return self._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
+        return self._generate_single_turn(prompt_ids, images, multimodal_fields)
+
     def _generate_ids(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list | None]:
         """One completion per row (rows have different prompts: one generation each, also under vLLM)."""
         if not prompt_ids:
             return [], None
-        completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
+        completion_ids, logprobs = self._generate_single(prompt_ids, None, {}, 1)
         return [list(c) for c in completion_ids], logprobs
 
     def _decode(self, ids: list[int]) -> str:
@@ -196,7 +208,9 @@ class LanpoTrainer(GRPOTrainer):
         self._rows = rows
         if n_reflection == 0 and n_abstraction == 0:
             self._summarize_pending_apart()
+            start = time.perf_counter()
             output = self._plain_rollout(prompts, g)
+            self._timer["generate"] += time.perf_counter() - start
             for row, ids, plain in zip(rows, output["completion_ids"], output["prompt_ids"]):
                 row.completion_ids, row.plain_ids, row.text = list(ids), list(plain), self._decode(ids)
             return output
@@ -209,8 +223,7 @@ class LanpoTrainer(GRPOTrainer):
     def _plain_rollout(self, prompts: list, num_generations: int) -> dict[str, Any]:
         """Exactly what GRPOTrainer does without a rollout_func."""
         prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)
-        completion_ids, logprobs = self._generate_single_turn(prompt_ids, images, multimodal_fields,
-                                                              num_generations)
+        completion_ids, logprobs = self._generate_single(prompt_ids, images, multimodal_fields, num_generations)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
     def _lanpo_rollout(self, prompts: list, rows: list[Row]) -> dict[str, Any]:
