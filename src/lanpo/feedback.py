@@ -106,12 +106,17 @@ class AbstractionResult:
     dropped_lessons: int = 0
 
 
+# A lesson that states an answer ("the answer is 3", "\boxed{3}") is a solution, not a principle: whatever
+# problem it came from, it never reaches a prompt.
+ANSWER_STATEMENT = re.compile(r"\\boxed|\b(?:final\s+)?answers?\s*(?:is|was|are|were|=|:)", re.IGNORECASE)
+
+
 def clean_lessons(items: Sequence[str], gold: str | None) -> tuple[list[str], int]:
-    """Keep lessons that state no answer: no ``\\boxed``, no current gold answer, no grading marker."""
+    """Keep lessons that state no answer (of any problem), no current gold answer and no grading marker."""
     kept, dropped = [], 0
     for item in items:
         item = item.strip()
-        if not item or "\\boxed" in item or leakage_problems(item, gold):
+        if not item or ANSWER_STATEMENT.search(item) or leakage_problems(item, gold):
             dropped += 1
             continue
         kept.append(item)
