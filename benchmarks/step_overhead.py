@@ -61,8 +61,8 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str) -> dict:
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     step_times = [h["step_time"] for h in logs][1:]
     split = {key: round(statistics.median(h[key] for h in logs[1:]), 2) for key in SPLIT if key in logs[-1]}
-    return {"median_step_s": round(statistics.median(step_times), 2), "step_times": [round(x, 1) for x in step_times],
-            "split_median_s": split, "wall_s": round(time.perf_counter() - start, 1),
+    return {"step_times": [round(x, 1) for x in step_times], "split_median_s": split,
+            "wall_s": round(time.perf_counter() - start, 1),
             "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1)}
 
 
@@ -70,21 +70,33 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--arms", default="trl,grpo,lanpo,lanpo-pool")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="run the arms this many times, in reversed order every other time (order effects)")
     args = parser.parse_args()
     model_path = resolve_model_path("smollm2-135m")
     dataset = to_prompt_dataset(builtin_arith("1", n=64, seed=0))
+    runs: dict[str, list[dict]] = {}
+    arms = args.arms.split(",")
+    for repeat in range(args.repeats):
+        for arm in (arms if repeat % 2 == 0 else arms[::-1]):
+            out = tempfile.mkdtemp(prefix=f"overhead-{arm}-")
+            try:
+                runs.setdefault(arm, []).append(run_arm(arm, args.steps, model_path, dataset, out))
+            finally:
+                shutil.rmtree(out, ignore_errors=True)
+            print(arm, repeat, json.dumps(runs[arm][-1]), flush=True)
     results = {}
-    for arm in args.arms.split(","):
-        out = tempfile.mkdtemp(prefix=f"overhead-{arm}-")
-        try:
-            results[arm] = run_arm(arm, args.steps, model_path, dataset, out)
-        finally:
-            shutil.rmtree(out, ignore_errors=True)
-        print(arm, json.dumps(results[arm]), flush=True)
+    for arm, parts in runs.items():
+        steps = [t for p in parts for t in p["step_times"]]
+        split = {k: round(statistics.median(p["split_median_s"][k] for p in parts), 2)
+                 for k in parts[0]["split_median_s"]}
+        results[arm] = {"median_step_s": round(statistics.median(steps), 2), "step_times": steps,
+                        "split_median_s": split, "runs": len(parts)}
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "settings": "embedded default: SmolLM2-135M fp32, G=8, 1 problem/step, 96 new tokens, beta 0.04, "
-                    f"{args.steps} steps (median of steps 2..{args.steps})",
+                    f"{args.steps} steps per run (median of steps 2..{args.steps} over {args.repeats} runs per arm, "
+                    "alternating arm order)",
         "arms": results,
     }
     if "lanpo" in results and "grpo" in results:

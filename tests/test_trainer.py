@@ -220,3 +220,20 @@ def test_embedded_default_needs_no_config():
     train_args, model_args, config = parse([])
     assert model_args.model_name_or_path == "smollm2-135m" and train_args.data == "builtin:arith"
     assert config.feedback_ratio == 0.75 and config.num_generations == 8 and not config.bf16
+
+
+def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_model_dir, tmp_path):
+    from lanpo.pool import Attempt
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0,
+                           reflection_source="pool", summaries_per_group=0, max_steps=1)
+    problems = builtin_arith("1", n=8)
+    trainer.pool.add_attempts([Attempt(p.id, p.problem, f"STORED ATTEMPT FOR {p.id}") for p in problems])
+    calls = []
+    original = trainer._generate_ids
+    trainer._generate_ids = lambda ids: calls.append(len(ids)) or original(ids)
+    trainer.train()
+    reflected = [r for r in trainer._rows if r.kind == "reflection"]
+    assert reflected and all(r.has_feedback and f"STORED ATTEMPT FOR {r.problem_id}" in r.context[-1]["content"]
+                             for r in reflected)
+    assert calls == [8]  # every row in one batch: no second phase

@@ -247,8 +247,14 @@ class LanpoTrainer(GRPOTrainer):
             row.plain_ids = ids
         self._timer["retrieve"] += time.perf_counter() - start
 
-        # Phase A: scratch and abstraction rows, plus the summary prompts of the previous step's trials.
-        phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection"]
+        # Reflection on attempts stored in earlier steps: the context is known now, so those rows join phase A.
+        from_step = self.args.reflection_source == "step"
+        if not from_step:
+            for s in groups:
+                self._reflect_on(rows[s:s + g], [])
+
+        # Phase A: scratch and abstraction rows (and pool reflection), plus last step's summary prompts.
+        phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or not from_step]
         pending, self._pending = self._pending, []
         self._tokenize_contexts([rows[i] for i in phase_a])
         batch_ids = [rows[i].context_ids or rows[i].plain_ids for i in phase_a]
@@ -274,23 +280,13 @@ class LanpoTrainer(GRPOTrainer):
                                           for p, c in zip(summary_prompts, completions[len(phase_a):])])
             self._timer["summarize"] += time.perf_counter() - start
 
-        # Phase B: reward-agnostic reflection on an earlier attempt at the same problem.
-        phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection"]
+        # Phase B: reward-agnostic reflection on this step's scratch attempts at the same problem.
+        phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and from_step]
         if phase_b:
             start = time.perf_counter()
             for s in groups:
                 group = rows[s:s + g]
-                reflecting = [r for r in group if r.kind == "reflection"]
-                if not reflecting:
-                    continue
-                attempts = [r.text for r in group if r.kind == "scratch" and r.text.strip()] \
-                    if self.args.reflection_source == "step" else []
-                if not attempts:
-                    attempts = [a.text for a in self.pool.attempts(group[0].problem_id) if a.text.strip()]
-                for j, row in enumerate(reflecting):
-                    if attempts:
-                        row.context = build_reflection_prompt(row.problem, [attempts[j % len(attempts)]],
-                                                              gold=row.gold)
+                self._reflect_on(group, [r.text for r in group if r.kind == "scratch" and r.text.strip()])
             self._tokenize_contexts([rows[i] for i in phase_b])
             self._timer["retrieve"] += time.perf_counter() - start
             start = time.perf_counter()
@@ -309,6 +305,17 @@ class LanpoTrainer(GRPOTrainer):
             "logprobs": [logprobs[i] for i in range(len(rows))] if logprobs else None,
             "lanpo_kind": [r.kind if r.has_feedback else "scratch" for r in rows],
         }
+
+    def _reflect_on(self, group: list[Row], attempts: list[str]) -> None:
+        """Give the group's reflection rows their contexts: ``attempts``, else attempts stored in the pool."""
+        reflecting = [r for r in group if r.kind == "reflection"]
+        if not reflecting:
+            return
+        if not attempts:
+            attempts = [a.text for a in self.pool.attempts(group[0].problem_id) if a.text.strip()]
+        for j, row in enumerate(reflecting):
+            if attempts:
+                row.context = build_reflection_prompt(row.problem, [attempts[j % len(attempts)]], gold=row.gold)
 
     def _tokenize_contexts(self, rows: list[Row]) -> None:
         with_context = [r for r in rows if r.context is not None]
