@@ -6,11 +6,14 @@ Same model (the embedded default, CPU), config and seed for every arm; the media
 * `trl`        — trl.GRPOTrainer, no rollout_func;
 * `grpo`       — LanpoTrainer with feedback_ratio=0 and no summaries (the GRPO baseline of this library);
 * `lanpo`      — LanpoTrainer defaults: p_t = 0.75, reflection on this step's scratch rollouts, summaries on;
-* `lanpo-pool` — the same, reflecting on attempts stored in earlier steps (no second generation phase).
+* `lanpo-pool` — the same, reflecting on attempts stored in earlier steps (no second generation phase);
+* `lanpo-strip` — LANPO defaults with context_in_loss=strip (the loss sees the plain prompt).
+
+The training set has 4 problems, so problems recur and `lanpo-pool` finds stored attempts from step 2 on.
 
 Prints lanpo / grpo (goal <= 1.3 on CPU) and grpo / trl (goal <= 1.05), with each arm's time split.
 
-    python benchmarks/step_overhead.py [--steps 5] [--arms trl,grpo,lanpo,lanpo-pool]
+    python benchmarks/step_overhead.py [--steps 4] [--repeats 2] [--arms trl,grpo,lanpo,lanpo-pool,lanpo-strip]
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str) -> dict:
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
     if arm == "lanpo-pool":
         cli += ["--reflection_source", "pool"]
+    if arm == "lanpo-strip":
+        cli += ["--context_in_loss", "strip"]
     _, _, config = parse(cli)
     tokenizer = load_tokenizer(model_path)
     start = time.perf_counter()
@@ -68,13 +73,13 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--arms", default="trl,grpo,lanpo,lanpo-pool")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--arms", default="trl,grpo,lanpo,lanpo-pool,lanpo-strip")
     parser.add_argument("--repeats", type=int, default=2,
                         help="run the arms this many times, in reversed order every other time (order effects)")
     args = parser.parse_args()
     model_path = resolve_model_path("smollm2-135m")
-    dataset = to_prompt_dataset(builtin_arith("1", n=64, seed=0))
+    dataset = to_prompt_dataset(builtin_arith("1", n=4, seed=0))
     runs: dict[str, list[dict]] = {}
     arms = args.arms.split(",")
     for repeat in range(args.repeats):
@@ -101,9 +106,10 @@ def main() -> None:
     }
     if "lanpo" in results and "grpo" in results:
         report["lanpo_over_grpo"] = round(results["lanpo"]["median_step_s"] / results["grpo"]["median_step_s"], 3)
-    if "lanpo-pool" in results and "grpo" in results:
-        report["lanpo_pool_over_grpo"] = round(
-            results["lanpo-pool"]["median_step_s"] / results["grpo"]["median_step_s"], 3)
+    for arm in ("lanpo-pool", "lanpo-strip"):
+        if arm in results and "grpo" in results:
+            report[f"{arm.replace('-', '_')}_over_grpo"] = round(
+                results[arm]["median_step_s"] / results["grpo"]["median_step_s"], 3)
     if "grpo" in results and "trl" in results:
         report["grpo_over_trl"] = round(results["grpo"]["median_step_s"] / results["trl"]["median_step_s"], 3)
     print(json.dumps(report, indent=2))
