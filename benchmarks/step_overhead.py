@@ -9,7 +9,10 @@ Same model (the embedded default, CPU), config and seed for every arm; the media
 * `lanpo-pool` — the same, reflecting on attempts stored in earlier steps (no second generation phase);
 * `lanpo-strip` — LANPO defaults with context_in_loss=strip (the loss sees the plain prompt).
 
-The training set has 4 problems, so problems recur and `lanpo-pool` finds stored attempts from step 2 on.
+The training set has 4 problems, one per step, so a run of 4 steps sees each problem once: `lanpo-pool` starts
+from a pool holding one earlier attempt per problem (sampled from the base model before the clock starts), the
+steady state of a run in its second epoch. Each arm also reports its feedback and fallback shares, so a cheap
+arm that merely fell back to scratch rollouts shows as such.
 
 Prints lanpo / grpo (goal <= 1.3 on CPU) and grpo / trl (goal <= 1.05), with each arm's time split.
 
@@ -30,14 +33,27 @@ import time
 import torch
 
 from lanpo.data import builtin_arith, to_prompt_dataset
-from lanpo.models import load_tokenizer, resolve_model_path
+from lanpo.generation import generate
+from lanpo.models import load_model, load_tokenizer, resolve_model_path
+from lanpo.pool import Attempt, ExperiencePool
+from lanpo.prompts import solve_messages
 from lanpo.rewards import MathVerifier, make_accuracy_reward
 from lanpo.train import parse
 
+SHARES = ("lanpo/feedback_share", "lanpo/fallback_share", "lanpo/feedback_tokens_per_prompt")
 SPLIT = ("time/generate", "time/summarize", "time/retrieve", "time/score", "time/update")
 
 
-def run_arm(arm: str, steps: int, model_path: str, dataset, out: str) -> dict:
+def seed_attempts(model_path: str, problems) -> list[Attempt]:
+    """One attempt per problem from the base model (T=0.7, 96 new tokens): what a pool holds after an epoch."""
+    model, tokenizer = load_model(model_path)
+    torch.manual_seed(0)
+    samples = generate(model, tokenizer, [solve_messages(p.problem) for p in problems], n=1, temperature=0.7,
+                       max_new_tokens=96)
+    return [Attempt(p.id, p.problem, s[0].text) for p, s in zip(problems, samples)]
+
+
+def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, attempts: list[Attempt]) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from lanpo.trainer import LanpoTrainer
@@ -61,14 +77,20 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str) -> dict:
         trainer = GRPOTrainer(model=model_path, reward_funcs=[make_accuracy_reward(MathVerifier())],
                               args=GRPOConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
     else:
-        trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer)
+        pool = None
+        if arm == "lanpo-pool":
+            pool = ExperiencePool(os.path.join(out, "pool.sqlite"))
+            pool.add_attempts(attempts)
+        trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
+                               pool=pool)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     step_times = [h["step_time"] for h in logs][1:]
     split = {key: round(statistics.median(h[key] for h in logs[1:]), 2) for key in SPLIT if key in logs[-1]}
     return {"step_times": [round(x, 1) for x in step_times], "split_median_s": split,
             "wall_s": round(time.perf_counter() - start, 1),
-            "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1)}
+            "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1),
+            **{key: round(statistics.mean(h.get(key, 0.0) for h in logs[1:]), 3) for key in SHARES}}
 
 
 def main() -> None:
@@ -79,14 +101,16 @@ def main() -> None:
                         help="run the arms this many times, in reversed order every other time (order effects)")
     args = parser.parse_args()
     model_path = resolve_model_path("smollm2-135m")
-    dataset = to_prompt_dataset(builtin_arith("1", n=4, seed=0))
+    problems = builtin_arith("1", n=4, seed=0)
+    dataset = to_prompt_dataset(problems)
     runs: dict[str, list[dict]] = {}
     arms = args.arms.split(",")
+    attempts = seed_attempts(model_path, problems) if "lanpo-pool" in arms else []
     for repeat in range(args.repeats):
         for arm in (arms if repeat % 2 == 0 else arms[::-1]):
             out = tempfile.mkdtemp(prefix=f"overhead-{arm}-")
             try:
-                runs.setdefault(arm, []).append(run_arm(arm, args.steps, model_path, dataset, out))
+                runs.setdefault(arm, []).append(run_arm(arm, args.steps, model_path, dataset, out, attempts))
             finally:
                 shutil.rmtree(out, ignore_errors=True)
             print(arm, repeat, json.dumps(runs[arm][-1]), flush=True)
@@ -96,7 +120,8 @@ def main() -> None:
         split = {k: round(statistics.median(p["split_median_s"][k] for p in parts), 2)
                  for k in parts[0]["split_median_s"]}
         results[arm] = {"median_step_s": round(statistics.median(steps), 2), "step_times": steps,
-                        "split_median_s": split, "runs": len(parts)}
+                        "split_median_s": split, "runs": len(parts),
+                        **{key: round(statistics.mean(p[key] for p in parts), 3) for key in SHARES}}
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "settings": "embedded default: SmolLM2-135M fp32, G=8, 1 problem/step, 96 new tokens, beta 0.04, "
