@@ -79,7 +79,8 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, attempts: 
     else:
         pool = None
         if arm == "lanpo-pool":
-            pool = ExperiencePool(os.path.join(out, "pool.sqlite"))
+            pool = ExperiencePool(os.path.join(out, "pool.sqlite"), cap_per_problem=config.pool_cap,
+                                  attempts_per_problem=config.pool_attempts_cap)  # as the trainer builds it
             pool.add_attempts(attempts)
         trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
                                pool=pool)
