@@ -25,8 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from lanpo.data import load_problems, to_prompt_dataset
-from lanpo.evaluate import EvalSettings, run_zero_shot
-from lanpo.inference import run_retrieval
+from lanpo.evaluate import EvalSettings, run_retrieval, run_zero_shot
 from lanpo.models import load_tokenizer, resolve_model_path
 from lanpo.retrieval import Retriever
 from lanpo.rewards import MathVerifier

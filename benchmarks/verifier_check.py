@@ -15,7 +15,7 @@ import re
 import time
 from pathlib import Path
 
-from lanpo.data import last_boxed
+from lanpo.answers import last_boxed
 from lanpo.rewards import MathVerifier
 
 

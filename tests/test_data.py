@@ -7,12 +7,11 @@ import re
 
 import pytest
 
+from lanpo.answers import gsm8k_answer, last_boxed
 from lanpo.data import (
     DataError,
     Problem,
     builtin_arith,
-    gsm8k_answer,
-    last_boxed,
     load_problems,
     rows_to_problems,
     to_prompt_dataset,

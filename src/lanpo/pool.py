@@ -49,8 +49,6 @@ class PoolEntry:
     created: float = field(default_factory=time.time)
     id: int | None = None
 
-    SUMMARY_FIELDS = ("flow_of_thought", "principles", "pitfalls")
-
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -23,56 +23,18 @@ from collections import Counter
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
-from .data import last_boxed
+from .answers import EXTRACTION_MODES, extract_answer, strip_thousands
 
 logger = logging.getLogger(__name__)
 
-EXTRACTION_MODES = ("boxed", "lenient")
 MAX_ANSWER_CHARS = 1000  # longer "answers" are garbage: scored 0 without parsing, and counted
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Extraction (cheap, in the calling process)
-
-_NUMBER = r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?"
-_ANSWER_IS = re.compile(
-    r"(?:final answer|the answer|answer)\s*(?:is|:|=)\s*\$?\s*(" + _NUMBER + r"|\\frac\{[^{}]*\}\{[^{}]*\})",
-    re.IGNORECASE,
-)
-
-
-def extract_answer(text: str, mode: str = "lenient") -> str | None:
-    """The final answer written in ``text``.
-
-    ``boxed`` (strict): the content of the last ``\\boxed{}``. ``lenient``: that, else an explicit
-    "the answer is X" / "#### X", else the last number in the text.
-    """
-    if mode not in EXTRACTION_MODES:
-        raise ValueError(f"Unknown extraction mode {mode!r}; choose from {EXTRACTION_MODES}.")
-    if not isinstance(text, str):
-        return None
-    boxed = last_boxed(text)
-    if boxed is not None or mode == "boxed":
-        return boxed or None
-    matches = _ANSWER_IS.findall(text)
-    if matches:
-        return matches[-1]
-    if "####" in text:
-        tail = text.rsplit("####", 1)[1].strip().split("\n")[0].strip()
-        if tail:
-            return tail
-    numbers = re.findall(_NUMBER, text)
-    return numbers[-1] if numbers else None
 
 
 def _normalize(answer: str) -> str:
     """A conservative normal form for an exact-match fast path (never for declaring two answers different)."""
     s = answer.strip().strip("$").strip()
     s = re.sub(r"\\[,!;: ]|\\text\{\s*\}|\s+", "", s)
-    s = s.rstrip(".")
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", s):
-        s = s.replace(",", "")
-    return s
+    return strip_thousands(s.rstrip("."))
 
 
 def prepare_gold(gold: str) -> str:
@@ -80,16 +42,11 @@ def prepare_gold(gold: str) -> str:
     gold = str(gold).strip()
     if "\\boxed" in gold or (gold.startswith("$") and gold.endswith("$")):
         return gold
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", gold):
-        gold = gold.replace(",", "")
-    return f"${gold}$"
+    return f"${strip_thousands(gold)}$"
 
 
 def prepare_prediction(answer: str) -> str:
-    answer = answer.strip()
-    if re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", answer):
-        answer = answer.replace(",", "")
-    return f"\\boxed{{{answer}}}"
+    return f"\\boxed{{{strip_thousands(answer.strip())}}}"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import LanpoConfig
+from .config import LanpoConfig, parse_command_line
 
 logger = logging.getLogger(__name__)
 
@@ -66,27 +66,12 @@ EMBEDDED_DEFAULTS = {
 }
 
 
-def _parser():
-    from trl import ModelConfig, TrlParser
-
-    return TrlParser((TrainArguments, ModelConfig, LanpoConfig))
-
-
 def parse(argv: list[str]):
     """Parse ``argv`` into (TrainArguments, ModelConfig, LanpoConfig) with the embedded defaults underneath."""
-    import torch
+    from trl import ModelConfig
 
-    parser = _parser()
-    defaults = dict(EMBEDDED_DEFAULTS)
-    defaults["output_dir"] = f"runs/lanpo-{time.strftime('%Y%m%d-%H%M%S')}"
-    if torch.cuda.is_available():
-        defaults.update(bf16=True, gradient_checkpointing=True)
-    else:
-        defaults["use_cpu"] = True
-    unknown = parser.set_defaults_with_config(**defaults)
-    if unknown:
-        raise RuntimeError(f"lanpo's training defaults name unknown fields: {unknown}")
-    train_args, model_args, config = parser.parse_args_and_config(argv)
+    defaults = dict(EMBEDDED_DEFAULTS, output_dir=f"runs/lanpo-{time.strftime('%Y%m%d-%H%M%S')}")
+    train_args, model_args, config = parse_command_line((TrainArguments, ModelConfig, LanpoConfig), defaults, argv)
     if model_args.model_name_or_path is None:
         model_args.model_name_or_path = EMBEDDED_DEFAULTS["model_name_or_path"]
     return train_args, model_args, config
@@ -129,6 +114,7 @@ def run(argv: list[str]) -> Path:
 
     from .data import load_problems, to_prompt_dataset
     from .models import load_tokenizer, resolve_model_path
+    from .runlog import plot_run, save_final_model
     from .trainer import LanpoTrainer
 
     train_args, model_args, config = parse(argv)  # validation happens here, before any model loads
@@ -151,16 +137,8 @@ def run(argv: list[str]) -> Path:
     trainer = LanpoTrainer(model=model_path, args=config, train_dataset=to_prompt_dataset(problems),
                            processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args))
     trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
+    final = save_final_model(trainer, run_dir)
     if trainer.accelerator.is_main_process:
-        final = run_dir / "final"
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        if hasattr(model, "merge_and_unload"):  # LoRA: keep the adapter, and save a merged model to evaluate
-            model.save_pretrained(run_dir / "final-adapter")
-            model = model.merge_and_unload()
-        model.save_pretrained(final)
-        trainer.processing_class.save_pretrained(final)
-        from .plots import plot_run
-
         plot_run(run_dir)
         logger.info("Done: final model in %s, curves in %s", final, run_dir / "training_curves.png")
     trainer.verifier.close()

@@ -1,0 +1,218 @@
+"""One LANPO generation batch, top to bottom: plan each group, build feedback contexts, generate, pick trials.
+
+A batch holds whole groups of G rows of one problem each. Per group (:func:`plan_group`):
+
+1. **scratch** rows get the plain prompt;
+2. **abstraction** rows get principles and pitfalls of pool entries of *other* problems that pass the
+   relevance filter γ (one retrieval per group); no entry passes → plain prompt (a fallback, counted);
+3. **reflection** rows get the model's own earlier attempt at the same problem, ungraded: this step's
+   scratch rollouts (``reflection_source="step"``: a second generation phase) or attempts stored in earlier
+   steps (``"pool"``: they join the first phase); none → plain prompt (counted).
+
+Phase A generates scratch, abstraction (and pool-reflection) rows together with the summary prompts of the
+previous step's trials, so summaries cost no extra sequential generation. Phase B generates step-reflection
+rows. Nothing here imports TRL: the model is reached through the callables of :class:`RolloutModel`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from .feedback import build_abstraction_prompt, build_reflection_prompt
+from .pool import Attempt, ExperiencePool
+from .prompts import Messages, clip, with_prefill
+from .retrieval import Retriever
+from .summarize import Trial, summary_prompt
+
+FEEDBACK_KINDS = ("reflection", "abstraction")
+
+
+def plan_group(g: int, feedback_ratio: float, reflection_share: float) -> tuple[int, int, int]:
+    """``(scratch, reflection, abstraction)`` rows of a group of ``g``: round(p_t·g) get feedback (half up)."""
+    feedback = int(feedback_ratio * g + 0.5)
+    reflection = int(feedback * reflection_share + 0.5)
+    return g - feedback, reflection, feedback - reflection
+
+
+@dataclass
+class Row:
+    """What lanpo knows about one rollout row of the current generation batch."""
+
+    problem_id: str
+    problem: str
+    gold: str
+    kind: str = "scratch"  # scratch | reflection | abstraction (what the plan asked for)
+    context: Messages | None = None  # the feedback prompt actually used (None: plain prompt)
+    completion_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    plain_ids: list[int] = field(default_factory=list)
+    context_ids: list[int] | None = None
+
+    @property
+    def has_feedback(self) -> bool:
+        return self.context is not None
+
+
+@dataclass
+class RolloutModel:
+    """What a rollout needs from the policy, as plain callables (the trainer wires in TRL's)."""
+
+    tokenize: Callable[[list[Messages]], list[list[int]]]  # solve and feedback prompts → prompt ids
+    tokenize_summary: Callable[[Messages], list[int]]  # a prefilled summary prompt → prompt ids
+    generate_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]]  # one completion per row
+    decode: Callable[[list[int]], str]
+
+
+def problem_of(row: dict) -> tuple[str, str]:
+    """``(problem_id, problem)`` of a dataset row: its own columns, else derived from the prompt."""
+    problem = row.get("problem")
+    if not problem:
+        prompt = row["prompt"]
+        problem = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+    problem_id = row.get("problem_id") or "h-" + hashlib.sha1(problem.encode()).hexdigest()[:12]
+    return str(problem_id), str(problem)
+
+
+def make_rows(inputs: Sequence[dict], g: int, plan: tuple[int, int, int] | None = None) -> list[Row]:
+    """One :class:`Row` per input, kinds assigned by ``plan`` within each group of ``g`` (``None``: all scratch)."""
+    rows = []
+    for i, item in enumerate(inputs):
+        pid, problem = problem_of(item)
+        kind = "scratch"
+        if plan is not None:
+            j = i % g
+            kind = "scratch" if j < plan[0] else "reflection" if j < plan[0] + plan[1] else "abstraction"
+        rows.append(Row(pid, problem, str(item["answer"]), kind))
+    return rows
+
+
+def attach_abstractions(rows: list[Row], g: int, retriever: Retriever, counts: Counter,
+                        judge: AbstractContextManager | None = None) -> None:
+    """Give abstraction rows their context: one retrieval per group that has any (none passing γ: plain)."""
+    groups = [s for s in range(0, len(rows), g) if any(r.kind == "abstraction" for r in rows[s:s + g])]
+    if not groups:
+        return
+    with judge or nullcontext():
+        found = retriever.retrieve_many([(rows[s].problem_id, rows[s].problem) for s in groups])
+    for s, hits in zip(groups, found):
+        result = build_abstraction_prompt(rows[s].problem, [h.entry for h in hits], gold=rows[s].gold,
+                                          problem_id=rows[s].problem_id)
+        counts["lessons_dropped"] += result.dropped_lessons
+        for row in rows[s:s + g]:
+            if row.kind == "abstraction":
+                row.context = result.messages
+
+
+def attach_reflections(group: list[Row], attempts: list[str], pool: ExperiencePool) -> None:
+    """Give a group's reflection rows their contexts: ``attempts``, else the problem's attempts in the pool."""
+    reflecting = [r for r in group if r.kind == "reflection"]
+    if not reflecting:
+        return
+    if not attempts:
+        attempts = [a.text for a in pool.attempts(group[0].problem_id) if a.text.strip()]
+    for j, row in enumerate(reflecting):
+        if attempts:
+            row.context = build_reflection_prompt(row.problem, [attempts[j % len(attempts)]], gold=row.gold)
+
+
+def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
+    with_context = [r for r in rows if r.context is not None]
+    if with_context:
+        for row, ids in zip(with_context, model.tokenize([r.context for r in with_context])):
+            row.context_ids = ids
+
+
+def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]], logprobs: dict[int, Any],
+              index: list[int]) -> list[list[int]]:
+    """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch."""
+    completions, sampled = model.generate_ids([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
+    for k, i in enumerate(index):
+        rows[i].completion_ids = completions[k]
+        rows[i].text = model.decode(completions[k])
+        if sampled is not None:
+            logprobs[i] = sampled[k]
+    return completions[len(index):]
+
+
+def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, *,
+                  retriever: Retriever, pool: ExperiencePool, reflection_source: str, keep_context: bool,
+                  pending: list[Trial], timer: Counter, counts: Counter,
+                  judge: AbstractContextManager | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Generate one completion per row; returns TRL's rollout output and the replies to ``pending``'s summaries."""
+    start = time.perf_counter()
+    attach_abstractions(rows, g, retriever, counts, judge)
+    for row, ids in zip(rows, plain_ids):
+        row.plain_ids = ids
+    from_step = reflection_source == "step"
+    if not from_step:  # the context is known now, so these rows join phase A
+        for s in range(0, len(rows), g):
+            attach_reflections(rows[s:s + g], [], pool)
+    timer["retrieve"] += time.perf_counter() - start
+
+    logprobs: dict[int, Any] = {}
+    phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or not from_step]
+    _tokenize_contexts(model, [rows[i] for i in phase_a])
+    summary_prompts = [summary_prompt(t) for t in pending]
+    start = time.perf_counter()
+    summaries = _generate(model, rows, [model.tokenize_summary(p) for p in summary_prompts], logprobs, phase_a)
+    elapsed = time.perf_counter() - start
+    rollout_tokens = sum(len(rows[i].completion_ids) for i in phase_a)
+    share = sum(len(c) for c in summaries) / max(1, rollout_tokens + sum(len(c) for c in summaries))
+    timer["generate"] += elapsed * (1 - share)
+    timer["summarize"] += elapsed * share  # token-share estimate: summaries ride in this batch
+    texts = [with_prefill(p, model.decode(c)) for p, c in zip(summary_prompts, summaries)]
+
+    phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and from_step]
+    if phase_b:  # reward-agnostic reflection on this step's scratch attempts at the same problem
+        start = time.perf_counter()
+        for s in range(0, len(rows), g):
+            group = rows[s:s + g]
+            attach_reflections(group, [r.text for r in group if r.kind == "scratch" and r.text.strip()], pool)
+        _tokenize_contexts(model, [rows[i] for i in phase_b])
+        timer["retrieve"] += time.perf_counter() - start
+        start = time.perf_counter()
+        _generate(model, rows, [], logprobs, phase_b)
+        timer["generate"] += time.perf_counter() - start
+
+    output = {
+        "prompt_ids": [(r.context_ids if keep_context and r.context_ids is not None else r.plain_ids) for r in rows],
+        "completion_ids": [r.completion_ids for r in rows],
+        "logprobs": [logprobs[i] for i in range(len(rows))] if logprobs else None,
+        "lanpo_kind": [r.kind if r.has_feedback else "scratch" for r in rows],
+    }
+    return output, texts
+
+
+def summarize_apart(model: RolloutModel, pending: list[Trial]) -> list[str]:
+    """The replies to ``pending``'s summary prompts, generated in a batch of their own."""
+    prompts = [summary_prompt(t) for t in pending]
+    completions, _ = model.generate_ids([model.tokenize_summary(p) for p in prompts])
+    return [with_prefill(p, model.decode(c)) for p, c in zip(prompts, completions)]
+
+
+def choose_trials(rows: list[Row], rewards: Sequence[float], correct: Sequence[bool], g: int, budget: int,
+                  step: int, rank: int = 0) -> list[Trial]:
+    """Per group, up to ``budget`` trials to summarize: right and wrong ones alternate when both exist."""
+    trials = []
+    for s in range(0, len(rows) if budget else 0, g):
+        idx = [i for i in range(s, s + g) if rows[i].text.strip()]
+        right = [i for i in idx if correct[i]]
+        wrong = [i for i in idx if not correct[i]]
+        order = [x for pair in zip(right, wrong) for x in pair] + right[len(wrong):] + wrong[len(right):]
+        for i in order[:budget]:
+            r = rows[i]
+            trials.append(Trial(r.problem_id, r.problem, r.text, bool(correct[i]), gold=r.gold,
+                                reward=float(rewards[i]), step=step, rollout_id=f"{step}:{rank}:{i}"))
+    return trials
+
+
+def attempts_to_store(rows: list[Row], step: int) -> list[Attempt]:
+    """Scratch rollouts become stored attempts (text only, no grade) for later reflection."""
+    return [Attempt(r.problem_id, r.problem, clip(r.text), step=step)
+            for r in rows if r.kind == "scratch" and not r.has_feedback and r.text.strip()]

@@ -1,0 +1,183 @@
+"""What a run writes for people to read: ``metrics.jsonl``, ``samples.jsonl``, curves, and the final model.
+
+The trainer gathers the numbers; the functions here turn them into metric names (``lanpo/feedback_share``,
+``reward/feedback/mean``, ...), sample lines and PNG plots. ``lanpo compare`` reads runs back with
+:func:`read_metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from .prompts import solve_messages
+from .rollout import FEEDBACK_KINDS, Row
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Append every log line to ``metrics.jsonl`` in the run directory (main process)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
+
+
+def row_record(row: Row, reward: float, correct: bool) -> tuple:
+    """What step metrics need of one row (small, so every process can gather every row's)."""
+    extra = len(row.context_ids) - len(row.plain_ids) if row.context_ids is not None else 0
+    return row.kind, row.has_feedback, float(reward), bool(correct), extra
+
+
+def feedback_metrics(records: Sequence[tuple], feedback_ratio: float) -> dict[str, float]:
+    """Planned vs realized feedback, and reward and accuracy by kind, over every process's rows."""
+    planned = [x for x in records if x[0] in FEEDBACK_KINDS]
+    with_feedback = [x for x in records if x[1]]
+    metrics = {"lanpo/feedback_ratio": feedback_ratio,
+               "lanpo/feedback_share": len(with_feedback) / len(records),
+               "lanpo/fallback_share": sum(not x[1] for x in planned) / len(planned) if planned else 0.0}
+    if with_feedback:
+        metrics["lanpo/feedback_tokens_per_prompt"] = sum(x[4] for x in with_feedback) / len(with_feedback)
+    groups = {"feedback": with_feedback, "scratch": [x for x in records if not x[1]],
+              "reflection": [x for x in with_feedback if x[0] == "reflection"],
+              "abstraction": [x for x in with_feedback if x[0] == "abstraction"]}
+    for name, part in groups.items():
+        if part:
+            metrics[f"reward/{name}/mean"] = sum(x[2] for x in part) / len(part)
+            metrics[f"accuracy/{name}/mean"] = sum(x[3] for x in part) / len(part)
+    return metrics
+
+
+def step_metrics(records: Sequence[tuple], feedback_ratio: float, pool_stats: dict, retrieval: dict[str, float],
+                 summaries: dict, counts: dict) -> dict[str, float]:
+    """Every lanpo metric of one step: feedback, pool, retrieval, summary parsing, strip weights."""
+    metrics = {**feedback_metrics(records, feedback_ratio), "lanpo/pool_size": float(pool_stats["entries"]),
+               "lanpo/pool_problems": float(pool_stats["problems"]), **retrieval,
+               "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0))}
+    if summaries.get("requested"):
+        failed = summaries.get("parse_failed", 0)
+        metrics.update({"summaries/requested": float(summaries["requested"]),
+                        "summaries/parse_failures": float(failed),
+                        "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
+                        "summaries/added": float(summaries.get("parsed", 0))})
+    if counts.get("strip_weight_tokens"):
+        metrics["lanpo/strip_weight_mean"] = counts["strip_weight_sum"] / counts["strip_weight_tokens"]
+    return metrics
+
+
+def write_samples(path: Path, rows: list[Row], rewards: Sequence[float], step: int, limit: int, g: int) -> None:
+    """Append up to ``limit`` rows to ``samples.jsonl``: the first row of each group and feedback rows first."""
+    if limit <= 0:
+        return
+    order = sorted(range(len(rows)), key=lambda i: (i % g != 0 and not rows[i].has_feedback, i))
+    with path.open("a") as handle:
+        for i in order[:limit]:
+            r = rows[i]
+            handle.write(json.dumps({
+                "step": step, "problem_id": r.problem_id, "kind": r.kind, "feedback": r.has_feedback,
+                "prompt": (r.context or solve_messages(r.problem))[-1]["content"], "completion": r.text,
+                "reward": float(rewards[i]), "gold": r.gold,
+            }, ensure_ascii=False) + "\n")
+
+
+def save_final_model(trainer, out_dir: str | Path) -> Path:
+    """``out_dir/final``: the trained model and tokenizer, through the trainer's own ``save_model`` (which
+    gathers ZeRO-3 / FSDP shards); a LoRA run also keeps its adapter in ``final-adapter`` and saves the merged
+    model in ``final``, ready to evaluate."""
+    out_dir = Path(out_dir)
+    final = out_dir / "final"
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload"):
+        trainer.save_model(str(out_dir / "final-adapter"))
+        if trainer.accelerator.is_main_process:
+            model.merge_and_unload().save_pretrained(final)
+            trainer.processing_class.save_pretrained(final)
+    else:
+        trainer.save_model(str(final))
+    return final
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The per-step log lines of a run (``metrics.jsonl``); lines that do not parse are skipped."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a lanpo run directory?")
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and "step" in row:
+            rows.append(row)
+    return rows
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in points], [float(p[1]) for p in points]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Reward and accuracy per step, feedback vs scratch rollouts, and pool growth, for one run."""
+    plt = _plt()
+    rows = read_metrics(run_dir)
+    out = Path(out or Path(run_dir) / "training_curves.png")
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, metric in zip(axes[:2], ("reward", "accuracy")):
+        for kind, style in (("scratch", "-o"), ("feedback", "-s"), ("reflection", ":"), ("abstraction", "--")):
+            x, y = series(rows, f"{metric}/{kind}/mean")
+            if x:
+                ax.plot(x, y, style, label=kind, markersize=3)
+        ax.set_title(f"{metric} per step")
+        ax.set_xlabel("step")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    x, y = series(rows, "lanpo/pool_size")
+    axes[2].plot(x, y, "-", color="tab:green")
+    axes[2].set_title("experience pool entries")
+    axes[2].set_xlabel("step")
+    axes[2].grid(alpha=0.3)
+    fig.suptitle(Path(run_dir).name)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_compare(runs: dict[str, list[dict]], out: str | Path,
+                 keys=("reward/scratch/mean", "reward/feedback/mean", "lanpo/pool_size")) -> Path:
+    """One panel per metric, one line per run."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
+    axes = axes if len(keys) > 1 else [axes]
+    for ax, key in zip(axes, keys):
+        for name, rows in runs.items():
+            x, y = series(rows, key)
+            if x:
+                ax.plot(x, y, "-o", markersize=3, label=name)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
