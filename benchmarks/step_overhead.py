@@ -74,7 +74,8 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, attempts: 
                   if k not in lanpo_only and config.__dataclass_fields__[k].init}
         kwargs["lr_scheduler_type"] = config.lr_scheduler_type.value
         kwargs.update(generation_batch_size=None, steps_per_generation=None)  # re-derived from the batch sizes
-        trainer = GRPOTrainer(model=model_path, reward_funcs=[make_accuracy_reward(MathVerifier())],
+        verifier = MathVerifier(extraction=config.answer_extraction)  # as LanpoTrainer builds its own
+        trainer = GRPOTrainer(model=model_path, reward_funcs=[make_accuracy_reward(verifier)],
                               args=GRPOConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
     else:
         pool = None

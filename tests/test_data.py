@@ -10,6 +10,7 @@ import pytest
 from lanpo.answers import gsm8k_answer, last_boxed
 from lanpo.data import (
     DataError,
+    LoadStats,
     Problem,
     builtin_arith,
     load_problems,
@@ -146,3 +147,45 @@ def test_math_train_preset_reads_the_json_array(shared_data):
 def test_local_split_that_does_not_exist_is_reported(shared_data):
     with pytest.raises(DataError, match="no local"):
         load_problems("math500", split="train", data_dir=shared_data)
+
+
+# -- word-problem sets: templates, case-insensitive fields, unit notes, sources (issue 13) ----------------------
+
+def _jsonl(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_a_problem_template_keeps_the_body_and_the_question(tmp_path, caplog):
+    rows = [{"ID": "a1", "Body": "Ann has 5 pears and eats 2 of them slowly.", "Question": "How many are left?",
+             "Answer": "3 (pears)"}]
+    path = _jsonl(tmp_path / "asdiv" / "test.jsonl", rows)
+    with caplog.at_level("WARNING"):
+        plain = load_problems(str(path))  # without the template only the question survives, and it says so
+    assert plain[0].problem == "How many are left?" and "Body" in caplog.text and "--problem-template" in caplog.text
+    [p] = load_problems(str(path), problem_template="{body} {QUESTION}")
+    assert p.problem == "Ann has 5 pears and eats 2 of them slowly. How many are left?"
+    assert p.answer == "3" and p.id == "asdiv-test-a1"  # unit note removed; id from the case-insensitive ID field
+
+
+def test_a_template_naming_a_missing_field_fails_before_anything_loads(tmp_path):
+    path = _jsonl(tmp_path / "set.jsonl", [{"Body": "b", "Answer": "1"}])
+    with pytest.raises(DataError, match="Question"):
+        load_problems(str(path), problem_template="{Body} {Question}")
+
+
+def test_sources_are_named_after_their_folder_so_ids_never_collide(tmp_path):
+    a = _jsonl(tmp_path / "set_a" / "test.jsonl", [{"problem": "1+1?", "answer": "2"}])
+    b = _jsonl(tmp_path / "set_b" / "test.jsonl", [{"problem": "2+2?", "answer": "4"}])
+    pa, pb = load_problems(str(a))[0], load_problems(str(b))[0]
+    assert (pa.source, pb.source) == ("set_a-test", "set_b-test") and pa.id != pb.id
+    named = _jsonl(tmp_path / "x" / "my_set.jsonl", [{"problem": "3+3?", "answer": "6"}])
+    assert load_problems(str(named))[0].source == "my_set"
+
+
+def test_unit_notes_are_removed_only_after_a_number(tmp_path):
+    rows = [{"problem": f"q{i}", "answer": a} for i, a in enumerate(["9 (apples)", "f (x)", "(A)", "12"])]
+    stats = LoadStats()
+    problems = rows_to_problems(rows, "s", stats=stats)
+    assert [p.answer for p in problems] == ["9", "f (x)", "(A)", "12"] and stats.unit_notes_removed == 1

@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from lanpo.rewards import MathVerifier, extract_answer, make_accuracy_reward, prepare_gold
+from lanpo.answers import extract_answer
+from lanpo.rewards import MathVerifier, make_accuracy_reward, prepare_gold
 
 
 @pytest.fixture(scope="module")
@@ -17,7 +18,7 @@ def verifier():
 
 @pytest.mark.parametrize("text,mode,expected", [
     ("so \\boxed{7}.", "boxed", "7"),
-    ("first \\boxed{3} then \\boxed{\\frac{1}{2}}", "boxed", "\\frac{1}{2}"),
+    ("first \\boxed{3} then \\boxed{\\frac{1}{2}}", "boxed", None),  # several boxed values: a hedge
     ("The answer is 12.", "boxed", None),
     ("The answer is 12.", "lenient", "12"),
     ("Final answer: -3.5", "lenient", "-3.5"),
@@ -101,7 +102,7 @@ def test_gsm8k_gold_rationales_verify(shared_data):
 
     rows = [json.loads(line) for line in (shared_data / "gsm8k" / "test.jsonl").read_text().splitlines()]
     golds = [r["answer"].rsplit("####", 1)[1].strip() for r in rows]
-    with MathVerifier() as v:
+    with MathVerifier(extraction="lenient") as v:  # rationales end in "#### N", not a box
         right = v.score_texts(golds, [r["answer"] for r in rows])
         wrong = v.score(golds, [str(int(g.replace(",", "")) + 1) for g in golds])
     assert sum(right) / len(rows) >= 0.995

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Problem": "data", "load_problems": "data",
     "load_model": "models", "resolve_model_path": "models",
-    "MathVerifier": "rewards", "extract_answer": "rewards", "make_accuracy_reward": "rewards",
+    "MathVerifier": "rewards", "extract_answer": "answers", "make_accuracy_reward": "rewards",
     "ExperiencePool": "pool", "PoolEntry": "pool",
     "build_reflection_prompt": "feedback", "build_abstraction_prompt": "feedback",
     "Retriever": "retrieval",

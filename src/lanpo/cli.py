@@ -33,9 +33,7 @@ def _eval_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--batch-size", type=int, default=32, help="rows per generate call (default 32)")
-    p.add_argument("--extraction", default="lenient", choices=["boxed", "lenient"],
-                   help="answer extraction: lenient (default: last \\boxed{}, else 'the answer is X', else the last "
-                        "number) or boxed (strict: last \\boxed{} only)")
+    _extraction_arg(p)
     p.add_argument("--scorer", default=None, help="retrieval mode: relevance scorer (default: the pool run's)")
     p.add_argument("--gamma", type=float, default=None, help="retrieval mode: relevance threshold γ")
     p.add_argument("--top-k", type=int, default=None, help="retrieval mode: entries per prompt")
@@ -52,13 +50,28 @@ def _data_field_args(p) -> None:
     p.add_argument("--problem-field", help="field holding the problem text (default: problem/question/prompt)")
     p.add_argument("--answer-field", help="field holding the answer (default: answer/final_answer/solution)")
     p.add_argument("--id-field", help="field holding a problem id (default: id/unique_id/idx; else the row number)")
+    p.add_argument("--problem-template", help="build the problem from several fields, e.g. \"{Body} {Question}\" "
+                                              "(field names match case-insensitively)")
     p.add_argument("--answer-format", choices=["plain", "gsm8k", "boxed"],
                    help="how answers are written: plain, gsm8k ('#### N'), boxed (last \\boxed{} of a solution)")
 
 
+def _extraction_arg(p) -> None:
+    p.add_argument("--extraction", choices=["strict", "lenient"],
+                   help="answer extraction: strict (the final \\boxed{} only) or lenient (else 'the answer is X', else "
+                        "the last number not copied from the problem); default: lenient for the embedded "
+                        "smollm2-135m, which rarely boxes, strict for every other model")
+
+
+def _extraction(choice: str | None, model: str) -> str:
+    from .models import EMBEDDED_MODELS
+
+    return choice or ("lenient" if model in EMBEDDED_MODELS else "strict")
+
+
 def _field_kwargs(args) -> dict:
     return {"data_dir": args.data_dir, "problem_field": args.problem_field, "answer_field": args.answer_field,
-            "id_field": args.id_field, "answer_format": args.answer_format}
+            "id_field": args.id_field, "answer_format": args.answer_format, "problem_template": args.problem_template}
 
 
 def _benchmarks() -> list[str]:
@@ -79,7 +92,7 @@ def cmd_eval(args) -> int:
         [args.data or "builtin:arith?split=test"]
     settings = EvalSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                            extraction=args.extraction, rounds=args.rounds, seed=args.seed)
+                            extraction=_extraction(args.extraction, args.model), rounds=args.rounds, seed=args.seed)
     datasets = {}
     for spec in specs:  # load every data set first: a typo fails before the model loads
         split = args.split or ("test" if spec.startswith("builtin:") and "split=" not in spec else None)
@@ -221,13 +234,15 @@ def _sft_data_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16, help="problems per round (default 16)")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--max-new-tokens", type=int, default=384)
+    _extraction_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sft_data)
 
 
 def cmd_sft_data(args) -> int:
     from .data import load_problems
-    from .sft import EndpointTeacher, build_sft_data
+    from .rewards import MathVerifier
+    from .sft_data import EndpointTeacher, build_sft_data
 
     mix = [float(x) for x in args.mix.split(",")]
     problems = load_problems(args.data, split=args.split, limit=args.limit, **_field_kwargs(args))
@@ -244,8 +259,10 @@ def cmd_sft_data(args) -> int:
         model, tokenizer = load_model(_model_path(args.teacher))
         teacher = HFGenerator(model, tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               batch_size=32)
-    report = build_sft_data(problems, teacher, args.out, n=args.n, mix=mix, tries=args.tries,
-                            batch_size=args.batch_size, teacher_name=args.teacher, seed=args.seed)
+    with MathVerifier(extraction=_extraction(args.extraction, args.teacher)) as verifier:
+        report = build_sft_data(problems, teacher, args.out, n=args.n, mix=mix, tries=args.tries,
+                                batch_size=args.batch_size, verifier=verifier, teacher_name=args.teacher,
+                                seed=args.seed)
     summary = report.as_dict()
     Path(args.out + ".report.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))

@@ -19,7 +19,7 @@ ReflectionSource = Literal["step", "pool"]
 Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["keep", "strip"]
 AdvantageGrouping = Literal["shared", "separate"]
-Extraction = Literal["lenient", "boxed"]
+Extraction = Literal["strict", "lenient"]
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
 CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = get_args(ContextInLoss), get_args(AdvantageGrouping), \
     get_args(Extraction)
@@ -89,8 +89,9 @@ class LanpoConfig(GRPOConfig):
         "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart."})
 
     # -- reward ----------------------------------------------------------------------------------------------
-    answer_extraction: Extraction = field(default="lenient", metadata={
-        "help": "lenient (last \\boxed{}, else 'the answer is X', else last number) or boxed (strict)."})
+    answer_extraction: Extraction = field(default="strict", metadata={
+        "help": "strict: the final \\boxed{} only; lenient: else 'the answer is X', else the last number not copied "
+                "from the problem (for models that rarely box; hackable)."})
     verify_time_limit: float = field(default=2.0, metadata={
         "help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."})
 
@@ -134,6 +135,8 @@ class LanpoConfig(GRPOConfig):
         choice("relevance_scorer", SCORERS)
         choice("context_in_loss", CONTEXT_IN_LOSS)
         choice("advantage_grouping", ADVANTAGE_GROUPING)
+        if self.answer_extraction == "boxed":  # the old name of strict
+            self.answer_extraction = "strict"
         choice("answer_extraction", EXTRACTIONS)
         if self.feedback_schedule == "linear" and self.feedback_warmup_steps <= 0:
             raise ValueError("feedback_schedule=linear needs feedback_warmup_steps > 0.")

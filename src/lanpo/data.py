@@ -14,10 +14,8 @@ Rows without a problem or an answer are counted and skipped, never silently turn
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import random
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,7 +23,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from .answers import gsm8k_answer, last_boxed
+from .answers import gsm8k_answer, last_boxed, strip_unit_note
+from .arith import arith_problems
 
 logger = logging.getLogger(__name__)
 
@@ -118,18 +117,49 @@ class LoadStats:
     rows: int = 0
     kept: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
+    unit_notes_removed: int = 0  # golds like "9 (apples)" kept as "9"
 
     def skip(self, reason: str) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
 
 
 def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | None:
-    if wanted and wanted in row:
-        return wanted
-    for name in candidates:
+    """The row's field named ``wanted`` (else the first of ``candidates``), matched case-insensitively."""
+    lower = {str(k).lower(): k for k in row}
+    for name in ([wanted] if wanted else []) + ([] if wanted else list(candidates)):
         if name in row:
             return name
+        if name.lower() in lower:
+            return lower[name.lower()]
     return None
+
+
+# Fields that hold worked solutions or metadata: long, but not part of the problem.
+NOT_PROBLEM_TEXT = {"solution", "answer", "rationale", "explanation", "reasoning", "url", "source", "equation",
+                    "type", "level", "subject", "difficulty", "unique_id", "id"}
+LONG_TEXT = 40  # characters: a field this long may hold facts the problem needs
+
+
+def template_fields(template: str) -> list[str]:
+    """The ``{Field}`` names of a problem template such as ``"{Body} {Question}"``."""
+    import string
+
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+
+
+def _fill(template: str, row: dict) -> str | None:
+    values = {}
+    for name in template_fields(template):
+        key = _pick(row, name, ())
+        if key is None or _plain(row.get(key)) is None:
+            return None
+        values[name] = _plain(row[key])
+    return template.format(**values)
+
+
+def _unused_long_fields(row: dict, used: set[str]) -> list[str]:
+    return sorted(str(k) for k, v in row.items() if isinstance(v, str) and len(v) >= LONG_TEXT
+                  and str(k) not in used and str(k).lower() not in NOT_PROBLEM_TEXT)
 
 
 def rows_to_problems(
@@ -140,8 +170,13 @@ def rows_to_problems(
     id_field: str | None = None,
     answer_format: str = "plain",
     stats: LoadStats | None = None,
+    problem_template: str | None = None,
 ) -> list[Problem]:
-    """Map raw rows to problems; rows missing a problem or answer are skipped and counted in ``stats``."""
+    """Map raw rows to problems; rows missing a problem or answer are skipped and counted in ``stats``.
+
+    ``problem_template`` builds the problem from several fields (``"{Body} {Question}"``, case-insensitive).
+    Field names match case-insensitively. Golds written with a unit note (``9 (apples)``) are kept as the number.
+    """
     if answer_format not in ANSWER_FORMATS:
         raise DataError(f"Unknown answer_format {answer_format!r}; choose from {sorted(ANSWER_FORMATS)}.")
     stats = stats if stats is not None else LoadStats()
@@ -154,15 +189,26 @@ def rows_to_problems(
         if not isinstance(row, dict):
             stats.skip("not an object")
             continue
-        p_key = _pick(row, problem_field, PROBLEM_FIELDS)
+        p_key = None if problem_template else _pick(row, problem_field, PROBLEM_FIELDS)
         a_key = _pick(row, answer_field, ANSWER_FIELDS)
-        if not fields_checked and (p_key is None or a_key is None):
-            raise DataError(
-                f"{source}: cannot find the {'problem' if p_key is None else 'answer'} field in rows with fields "
-                f"{sorted(row)}; pass it with --problem-field / --answer-field."
-            )
+        if not fields_checked:
+            missing = [f for f in (template_fields(problem_template) if problem_template else []) if
+                       _pick(row, f, ()) is None]
+            if (p_key is None and not problem_template) or a_key is None or missing:
+                what = f"the template field(s) {missing}" if missing else \
+                    f"the {'problem' if p_key is None and not problem_template else 'answer'} field"
+                raise DataError(f"{source}: cannot find {what} in rows with fields {sorted(map(str, row))} "
+                                "(names match case-insensitively); pass --problem-field / --answer-field / "
+                                "--problem-template.")
+            used = {p_key, a_key, _pick(row, id_field, ID_FIELDS)} | {_pick(row, f, ()) for f in
+                                                                       template_fields(problem_template or "")}
+            unused = _unused_long_fields(row, {str(u) for u in used if u is not None})
+            if unused:
+                logger.warning("%s: field(s) %s hold long text that is not part of the problem; if the problem "
+                               "needs them, pass e.g. --problem-template \"{%s} {%s}\"", source, unused, unused[0],
+                               p_key or "Question")
         fields_checked = True
-        text = _plain(row.get(p_key)) if p_key else None
+        text = _fill(problem_template, row) if problem_template else _plain(row.get(p_key)) if p_key else None
         if isinstance(row.get(p_key), list) and row[p_key] and isinstance(row[p_key][-1], dict):
             text = _plain(row[p_key][-1].get("content"))  # chat-format prompt: the last user message
         # A field found by guessing that is called "solution" holds a worked solution: take its last \boxed{}.
@@ -178,6 +224,9 @@ def rows_to_problems(
         if not answer:
             stats.skip("missing answer")
             continue
+        if (bare := strip_unit_note(answer)) != answer:
+            answer = bare
+            stats.unit_notes_removed += 1
         i_key = _pick(row, id_field, ID_FIELDS)
         pid = _plain(row.get(i_key)) if i_key else None
         pid = f"{source}-{pid}" if pid else f"{source}-{index}"
@@ -188,6 +237,9 @@ def rows_to_problems(
         stats.kept += 1
     if stats.skipped:
         logger.warning("%s: kept %d of %d rows; skipped %s", source, stats.kept, stats.rows, stats.skipped)
+    if stats.unit_notes_removed:
+        logger.info("%s: %d gold answers had a unit note in parentheses, removed (\"9 (apples)\" -> \"9\")",
+                    source, stats.unit_notes_removed)
     return problems
 
 
@@ -227,71 +279,7 @@ def read_rows(path: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Built-in procedural problems (the embedded default)
-
-NAMES = ["Ava", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena", "Milo", "Nia",
-         "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara"]
-ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "shells", "coins", "cards", "balloons"]
-
-
-def _arith_level(level: int, rng: random.Random) -> tuple[str, int]:
-    """One problem of a difficulty level and its integer answer.
-
-    1: single-digit addition/subtraction; 2: single-digit multiplication or a one-step word problem;
-    3: two-digit addition/subtraction; 4: two steps; 5: three steps (word problems and expressions).
-    """
-    name, item = rng.choice(NAMES), rng.choice(ITEMS)
-    d = lambda lo=1, hi=9: rng.randint(lo, hi)  # noqa: E731
-    if level == 1:
-        a, b = d(), d()
-        if rng.random() < 0.5:
-            return rng.choice(["What is {a} + {b}?", "Compute {a} + {b}.", "Find the sum of {a} and {b}."]).format(
-                a=a, b=b), a + b
-        a, b = max(a, b), min(a, b)
-        return rng.choice(["What is {a} - {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}."]).format(
-            a=a, b=b), a - b
-    if level == 2:
-        a, b = d(2), d(2)
-        kind = rng.randrange(3)
-        if kind == 0:
-            return rng.choice(["What is {a} \u00d7 {b}?", "Compute {a} times {b}.", "What is {a} * {b}?"]).format(
-                a=a, b=b), a * b
-        if kind == 1:
-            return f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b
-        a, b = max(a, b) + d(), min(a, b)
-        return f"{name} has {a} {item} and gives away {b}. How many {item} are left?", a - b
-    if level == 3:
-        a, b = d(10, 99), d(10, 99)
-        if rng.random() < 0.5:
-            return rng.choice(["What is {a} + {b}?", "Compute {a} + {b}."]).format(a=a, b=b), a + b
-        a, b = max(a, b), min(a, b)
-        return rng.choice(["What is {a} - {b}?", "Compute {a} - {b}."]).format(a=a, b=b), a - b
-    if level == 4:
-        a, b, c = d(), d(), d()
-        kind = rng.randrange(3)
-        if kind == 0:
-            return f"What is {a} + {b} + {c}?", a + b + c
-        if kind == 1:
-            a = a + b  # keep the result non-negative
-            return f"What is {a} - {b} + {c}?", a - b + c
-        return (f"{name} has {a} {item}. {name} buys {b} more and then finds {c} more. "
-                f"How many {item} does {name} have?"), a + b + c
-    if level == 5:
-        a, b, c = d(2), d(2), d()
-        kind = rng.randrange(3)
-        if kind == 0:
-            return f"What is ({a} + {b}) \u00d7 {c}?", (a + b) * c
-        if kind == 1:
-            return f"What is {a} \u00d7 {b} + {c}?", a * b + c
-        return (f"{name} buys {a} bags with {b} {item} in each bag, then gives away {c} {item}. "
-                f"How many {item} does {name} have left?"), a * b - c
-    raise DataError(f"builtin:arith has levels 1 to 5, not {level}.")
-
-
-def _in_test_split(text: str) -> bool:
-    """A fixed fifth of all possible problems is held out: train and test never share a problem."""
-    return int(hashlib.sha1(text.encode()).hexdigest(), 16) % 5 == 0
-
+# Built-in procedural problems (the embedded default; generator in lanpo.arith)
 
 DEFAULT_ARITH = {"levels": "1", "n": 256, "seed": 0, "split": "train"}
 
@@ -311,23 +299,14 @@ def builtin_arith(levels: list[int] | str = DEFAULT_ARITH["levels"], n: int = DE
         raise DataError("builtin:arith needs at least one level.")
     if split not in ("train", "test"):
         raise DataError(f"builtin:arith split must be 'train' or 'test', not {split!r}.")
-    rng = random.Random(f"lanpo-arith-{seed}-{split}")
-    want_test = split == "test"
-    problems: dict[str, Problem] = {}
-    attempts = 0
-    while len(problems) < n and attempts < 200 * n:
-        attempts += 1
-        level = levels[len(problems) % len(levels)]
-        text, answer = _arith_level(level, rng)
-        if _in_test_split(text) != want_test:
-            continue
-        pid = f"arith-L{level}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
-        if pid not in problems:
-            problems[pid] = Problem(pid, text, str(answer), f"builtin:arith/L{level}")
-    if len(problems) < n:
+    try:
+        rows = arith_problems(levels, n, seed, split)
+    except ValueError as error:
+        raise DataError(str(error)) from error
+    if len(rows) < n:
         logger.warning("builtin:arith levels %s hold only %d distinct %s problems (asked for %d)",
-                       levels, len(problems), split, n)
-    return list(problems.values())
+                       levels, len(rows), split, n)
+    return [Problem(pid, text, answer, f"builtin:arith/L{level}") for pid, text, answer, level in rows]
 
 
 def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
@@ -349,40 +328,61 @@ def load_problems(
     id_field: str | None = None,
     answer_format: str | None = None,
     seed: int | None = None,
+    problem_template: str | None = None,
 ) -> list[Problem]:
-    """Load problems from any data spec (see the module docstring). ``limit`` keeps the first N."""
-    problems = _load(spec, split, data_dir, problem_field, answer_field, id_field, answer_format, seed, limit)
+    """Load problems from any data spec (see the module docstring). ``limit`` keeps the first N.
+
+    ``problem_template`` (``"{Body} {Question}"``) builds each problem from several fields of a row.
+    """
+    if answer_format is not None and answer_format not in ANSWER_FORMATS:
+        raise DataError(f"Unknown answer_format {answer_format!r}; choose from {sorted(ANSWER_FORMATS)}.")
+    if spec.startswith("builtin:"):
+        problems = _builtin(spec, split, seed, limit)
+    else:
+        fields = {"problem_field": problem_field, "answer_field": answer_field, "id_field": id_field,
+                  "problem_template": problem_template}
+        problems = _load(spec, split, data_dir, answer_format, fields)
     if not problems:
         raise DataError(f"{spec}: no usable problems were loaded.")
     return problems[:limit] if limit else problems
 
 
-def _load(spec, split, data_dir, problem_field, answer_field, id_field, answer_format, seed, limit):
-    if spec.startswith("builtin:"):
-        name, options = parse_builtin(spec)
-        if name != "builtin:arith":
-            raise DataError(f"Unknown built-in data {name!r}; available: builtin:arith.")
-        unknown = set(options) - set(DEFAULT_ARITH)
-        if unknown:
-            raise DataError(f"builtin:arith has no option(s) {sorted(unknown)}; options: {sorted(DEFAULT_ARITH)}.")
-        kwargs = {**DEFAULT_ARITH, **options}
-        if split:
-            kwargs["split"] = split
-        if seed is not None:
-            kwargs["seed"] = seed
-        if limit and "n" not in options:
-            kwargs["n"] = limit
-        try:
-            return builtin_arith(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"])
-        except ValueError as error:
-            raise DataError(f"{spec}: {error}") from error
+def _builtin(spec: str, split: str | None, seed: int | None, limit: int | None) -> list[Problem]:
+    name, options = parse_builtin(spec)
+    if name != "builtin:arith":
+        raise DataError(f"Unknown built-in data {name!r}; available: builtin:arith.")
+    unknown = set(options) - set(DEFAULT_ARITH)
+    if unknown:
+        raise DataError(f"builtin:arith has no option(s) {sorted(unknown)}; options: {sorted(DEFAULT_ARITH)}.")
+    kwargs = {**DEFAULT_ARITH, **options}
+    if split:
+        kwargs["split"] = split
+    if seed is not None:
+        kwargs["seed"] = seed
+    if limit and "n" not in options:
+        kwargs["n"] = limit
+    try:
+        return builtin_arith(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"])
+    except ValueError as error:
+        raise DataError(f"{spec}: {error}") from error
 
+
+GENERIC_STEMS = {"train", "test", "validation", "valid", "dev", "data", "eval", "val"}
+
+
+def file_source(path: Path) -> str:
+    """A data file's source name: its folder, with the split (``gsm8k/test.jsonl`` → ``gsm8k-test``), so ids of
+    two sets never collide; a file with a specific name keeps it (``my_problems.jsonl`` → ``my_problems``)."""
+    folder = path.resolve().parent.name
+    return f"{folder}-{path.stem}" if path.stem.lower() in GENERIC_STEMS and folder else path.stem
+
+
+def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
     path = Path(spec).expanduser()
     if path.suffix.lower() in (".jsonl", ".json", ".parquet") or path.is_file():
         if not path.is_file():
             raise DataError(f"Data file not found: {path}")
-        return rows_to_problems(read_rows(path), path.stem, problem_field, answer_field, id_field,
-                                answer_format or "plain")
+        return rows_to_problems(read_rows(path), file_source(path), answer_format=answer_format or "plain", **fields)
 
     if spec in PRESETS:
         preset = PRESETS[spec]
@@ -396,16 +396,16 @@ def _load(spec, split, data_dir, problem_field, answer_field, id_field, answer_f
             if not file.is_file():
                 raise DataError(f"{spec}: expected {file} (from --data-dir {data_dir}); it does not exist.")
             fmt = answer_format or preset.local_answer_format or preset.answer_format
-            return rows_to_problems(read_rows(file), spec, problem_field, answer_field or None, id_field, fmt)
+            return rows_to_problems(read_rows(file), spec, answer_format=fmt, **fields)
         rows = _hub_rows(preset.hub, preset.config, split)
-        return rows_to_problems(rows, spec, problem_field or preset.problem_field,
-                                answer_field or preset.answer_field, id_field, answer_format or preset.answer_format)
+        fields = {**fields, "problem_field": fields["problem_field"] or preset.problem_field,
+                  "answer_field": fields["answer_field"] or preset.answer_field}
+        return rows_to_problems(rows, spec, answer_format=answer_format or preset.answer_format, **fields)
 
     if "/" in spec:
         name, _, config = spec.partition(":")
         rows = _hub_rows(name, config or None, split or "train")
-        return rows_to_problems(rows, name.split("/")[-1], problem_field, answer_field, id_field,
-                                answer_format or "plain")
+        return rows_to_problems(rows, name.split("/")[-1], answer_format=answer_format or "plain", **fields)
     raise DataError(
         f"Unknown data {spec!r}: not a file, a preset ({', '.join(PRESETS)}), builtin:arith, or a hub name (org/name)."
     )

@@ -20,7 +20,7 @@ from .cli import main as lanpo
 
 DEMO_STEPS = 12
 EVAL = ["--data", "builtin:arith?split=test", "--limit", "48", "--k", "4", "--temperature", "0.7",
-        "--max-new-tokens", "96"]
+        "--max-new-tokens", "96", "--extraction", "lenient"]
 
 
 def main(argv: list[str] | None = None) -> int:

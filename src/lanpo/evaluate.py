@@ -21,13 +21,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .answers import extract_answer
 from .data import Problem
 from .feedback import build_abstraction_prompt, build_reflection_prompt
 from .generation import Sample, generate
 from .pool import ExperiencePool, resolve_pool_path
 from .prompts import SOLVE_INSTRUCTION, solve_messages
 from .retrieval import LLMJudgeScorer, Retriever, make_scorer
-from .rewards import MathVerifier, extract_answer
+from .rewards import MathVerifier
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class EvalSettings:
     top_p: float = 1.0
     max_new_tokens: int = 512
     batch_size: int = 32
-    extraction: str = "lenient"
+    extraction: str = "strict"
     verify_time_limit: float = 2.0
     rounds: int = 1  # self-correct: reflection rounds after the first attempt
     seed: int = 0
@@ -96,7 +97,7 @@ class ModeResult:
 def _score(verifier: MathVerifier, problems: list[Problem], samples: list[list[Sample]]) -> list[list[float]]:
     golds = [p.answer for p in problems for _ in range(len(samples[0]))]
     texts = [s.text for row in samples for s in row]
-    flat = verifier.score_texts(golds, texts)
+    flat = verifier.score_texts(golds, texts, [p.problem for p in problems for _ in range(len(samples[0]))])
     k = len(samples[0])
     return [flat[i * k:(i + 1) * k] for i in range(len(problems))]
 
@@ -108,7 +109,7 @@ def _records(problems, prompts, samples, scores, extraction, extra=None) -> list
             "id": problem.id, "problem": problem.problem, "answer": problem.answer,
             "prompt": prompts[i][-1]["content"] if prompts[i] is not None else None,
             "completions": [
-                {"text": s.text, "extracted": extract_answer(s.text, extraction), "score": sc,
+                {"text": s.text, "extracted": extract_answer(s.text, extraction, problem.problem), "score": sc,
                  "tokens": s.num_tokens, "truncated": s.truncated}
                 for s, sc in zip(row, row_scores)
             ],

@@ -23,7 +23,15 @@ from collections import Counter
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
-from .answers import EXTRACTION_MODES, extract_answer, strip_thousands
+from .answers import (
+    extraction_mode,
+    find_answer,
+    latex_number,
+    names_several_values,
+    normalize_gold,
+    numbers_match,
+    strip_thousands,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,15 +46,16 @@ def _normalize(answer: str) -> str:
 
 
 def prepare_gold(gold: str) -> str:
-    """Gold answers as math-verify parses them: bare LaTeX gets wrapped in ``$...$`` (``\\frac{1}{2}`` alone fails)."""
-    gold = str(gold).strip()
+    """Gold answers as math-verify parses them: bare LaTeX gets wrapped in ``$...$`` (``\\frac{1}{2}`` alone fails),
+    unit notes go (``9 (apples)``), e-notation becomes a power of ten (``4.5e33``: else ``e`` is Euler's)."""
+    gold = normalize_gold(gold)
     if "\\boxed" in gold or (gold.startswith("$") and gold.endswith("$")):
         return gold
     return f"${strip_thousands(gold)}$"
 
 
 def prepare_prediction(answer: str) -> str:
-    return f"\\boxed{{{strip_thousands(answer.strip())}}}"
+    return f"\\boxed{{{latex_number(strip_thousands(answer.strip()))}}}"
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -104,7 +113,14 @@ class _Worker:
         if not self.conn.poll(STARTUP_TIMEOUT):
             self.kill()
             raise RuntimeError(f"A math-verify worker did not start within {STARTUP_TIMEOUT:.0f} s.")
-        message = self.conn.recv()
+        try:
+            message = self.conn.recv()
+        except (EOFError, OSError):
+            self.kill()
+            raise RuntimeError(
+                "A math-verify worker process exited while starting. Worker processes re-import the main module "
+                "(spawn/forkserver): when lanpo is used from a script, put the calling code under "
+                "`if __name__ == \"__main__\":`.") from None
         if message[0] != "ready":
             raise RuntimeError(f"Unexpected first message from a math-verify worker: {message!r}")
         self.ready = True
@@ -142,20 +158,18 @@ class MathVerifier:
 
     Args:
         time_limit: seconds one answer may take before it scores 0 (its worker is replaced).
-        extraction: ``boxed`` (strict) or ``lenient`` (see :func:`extract_answer`).
+        extraction: ``strict`` (the final ``\\boxed{}``) or ``lenient`` (see ``lanpo.answers``).
         workers: worker processes (default: up to 2, fewer on a 1-core machine).
         start_method: ``forkserver`` (default where available) or ``spawn``. Start-up time never counts against
             the time limit: a worker gets work only once it reports that math-verify is imported.
     """
 
-    def __init__(self, time_limit: float = 2.0, extraction: str = "lenient", workers: int | None = None,
+    def __init__(self, time_limit: float = 2.0, extraction: str = "strict", workers: int | None = None,
                  start_method: str | None = None) -> None:
         if time_limit <= 0:
             raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}.")
-        if extraction not in EXTRACTION_MODES:
-            raise ValueError(f"Unknown extraction mode {extraction!r}; choose from {EXTRACTION_MODES}.")
         self.time_limit = float(time_limit)
-        self.extraction = extraction
+        self.extraction = extraction_mode(extraction)
         self.num_workers = workers or max(1, min(2, os.cpu_count() or 1))
         self.start_method = start_method
         self.stats: Counter[str] = Counter()
@@ -165,22 +179,35 @@ class MathVerifier:
     # -- public API ------------------------------------------------------------------------------------------
 
     def score(self, golds: Sequence[str], predictions: Sequence[str | None]) -> list[float]:
-        """Score extracted answers against gold answers (1.0 or 0.0 each). ``None`` predictions score 0."""
+        """Score extracted answers against gold answers (1.0 or 0.0 each). ``None`` predictions score 0.
+
+        Plain numbers are compared exactly here (see ``answers.numbers_match`` for the tolerance policy); a
+        prediction that names several values where the gold is one (a hedge) scores 0; the rest goes to
+        math-verify in the worker processes.
+        """
         if len(golds) != len(predictions):
             raise ValueError(f"{len(golds)} gold answers but {len(predictions)} predictions.")
         scores = [0.0] * len(golds)
         todo: list[tuple[int, str, str]] = []
-        for i, (gold, pred) in enumerate(zip(golds, predictions)):
+        for i, (raw_gold, pred) in enumerate(zip(golds, predictions)):
             self.stats["answers"] += 1
+            gold = normalize_gold(raw_gold)
             if pred is None or not str(pred).strip():
                 self.stats["no_answer"] += 1
-            elif len(pred) > MAX_ANSWER_CHARS:
+                continue
+            pred = str(pred)
+            if len(pred) > MAX_ANSWER_CHARS:
                 self.stats["too_long"] += 1
-            elif _normalize(str(pred)) == _normalize(str(gold)):
+            elif names_several_values(pred, gold):
+                self.stats["hedged"] += 1
+            elif (same := numbers_match(gold, pred)) is not None:
+                scores[i] = float(same)
+                self.stats["numeric"] += 1
+            elif _normalize(pred) == _normalize(gold):
                 scores[i] = 1.0
                 self.stats["exact_match"] += 1
             else:
-                todo.append((i, prepare_gold(gold), prepare_prediction(str(pred))))
+                todo.append((i, prepare_gold(gold), prepare_prediction(pred)))
         if todo:
             with self._lock:
                 for i, value in self._verify(todo).items():
@@ -188,9 +215,18 @@ class MathVerifier:
         self.stats["correct"] += int(sum(scores))
         return scores
 
-    def score_texts(self, golds: Sequence[str], texts: Sequence[str]) -> list[float]:
-        """Extract the final answer of each model output, then :meth:`score` it."""
-        return self.score(golds, [extract_answer(t, self.extraction) for t in texts])
+    def score_texts(self, golds: Sequence[str], texts: Sequence[str],
+                    problems: Sequence[str | None] | None = None) -> list[float]:
+        """Extract the final answer of each model output, then :meth:`score` it. With ``problems``, lenient
+        extraction never reads a number the output copied from its problem statement."""
+        problems = problems if problems is not None else [None] * len(texts)
+        answers = []
+        for text, problem in zip(texts, problems):
+            answer, why = find_answer(text, self.extraction, problem)
+            if why == "hedged":
+                self.stats["hedged"] += 1
+            answers.append(answer)
+        return self.score(golds, answers)
 
     def close(self) -> None:
         with self._lock:
@@ -269,7 +305,7 @@ class MathVerifier:
 _DEFAULT: dict[tuple[float, str], MathVerifier] = {}
 
 
-def get_verifier(time_limit: float = 2.0, extraction: str = "lenient") -> MathVerifier:
+def get_verifier(time_limit: float = 2.0, extraction: str = "strict") -> MathVerifier:
     """A process-wide verifier per (time limit, extraction mode), closed at exit."""
     key = (float(time_limit), extraction)
     if key not in _DEFAULT:
@@ -296,12 +332,14 @@ def make_accuracy_reward(verifier: MathVerifier | None = None):
     """A TRL reward function: 1.0 when the completion's final answer matches the ``answer`` column, else 0.0."""
     verifier = verifier or get_verifier()
 
-    def accuracy(completions, answer, log_metric=None, **kwargs) -> list[float]:
+    def accuracy(completions, answer, problem=None, log_metric=None, **kwargs) -> list[float]:
         before = Counter(verifier.stats)
-        scores = verifier.score_texts(list(answer), [completion_text(c) for c in completions])
+        scores = verifier.score_texts(list(answer), [completion_text(c) for c in completions],
+                                      list(problem) if problem is not None else None)
         if log_metric is not None and completions:
             delta = verifier.stats - before
             log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))
+            log_metric("verifier/hedged_rate", delta["hedged"] / len(completions))
             log_metric("verifier/timeouts", float(delta["timeouts"]))
         return scores
 

@@ -33,6 +33,8 @@ class TrainArguments:
     problem_field: str | None = field(default=None, metadata={"help": "Field with the problem text."})
     answer_field: str | None = field(default=None, metadata={"help": "Field with the answer."})
     id_field: str | None = field(default=None, metadata={"help": "Field with a problem id."})
+    problem_template: str | None = field(default=None, metadata={
+        "help": "Build the problem from several fields, e.g. '{Body} {Question}' (case-insensitive names)."})
     answer_format: str | None = field(default=None, metadata={"help": "plain, gsm8k or boxed."})
     resume: str | None = field(default=None, metadata={
         "help": "Continue a run: a checkpoint directory, a run directory (its latest checkpoint), or 'latest' "
@@ -52,6 +54,7 @@ EMBEDDED_DEFAULTS = {
     "max_completion_length": 96,
     "temperature": 0.7,
     "relevance_scorer": "embedding",
+    "answer_extraction": "lenient",  # SmolLM2-135M rarely boxes its answer
     "relevance_threshold": 0.5,
     "learning_rate": 1e-5,
     "lr_scheduler_type": "constant",
@@ -122,6 +125,7 @@ def run(argv: list[str]) -> Path:
     problems = load_problems(train_args.data, split=train_args.data_split, limit=train_args.data_limit,
                              data_dir=train_args.data_dir, problem_field=train_args.problem_field,
                              answer_field=train_args.answer_field, id_field=train_args.id_field,
+                             problem_template=train_args.problem_template,
                              answer_format=train_args.answer_format)
     run_dir = Path(config.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,86 @@
+"""The embedded default's problems: seeded arithmetic in five levels, train and test disjoint by construction."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+NAMES = ["Ava", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena", "Milo", "Nia",
+         "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara"]
+ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "shells", "coins", "cards", "balloons"]
+
+
+def _arith_level(level: int, rng: random.Random) -> tuple[str, int]:
+    """One problem of a difficulty level and its integer answer.
+
+    1: single-digit addition/subtraction; 2: single-digit multiplication or a one-step word problem;
+    3: two-digit addition/subtraction; 4: two steps; 5: three steps (word problems and expressions).
+    """
+    name, item = rng.choice(NAMES), rng.choice(ITEMS)
+    d = lambda lo=1, hi=9: rng.randint(lo, hi)  # noqa: E731
+    if level == 1:
+        a, b = d(), d()
+        if rng.random() < 0.5:
+            return rng.choice(["What is {a} + {b}?", "Compute {a} + {b}.", "Find the sum of {a} and {b}."]).format(
+                a=a, b=b), a + b
+        a, b = max(a, b), min(a, b)
+        return rng.choice(["What is {a} - {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}."]).format(
+            a=a, b=b), a - b
+    if level == 2:
+        a, b = d(2), d(2)
+        kind = rng.randrange(3)
+        if kind == 0:
+            return rng.choice(["What is {a} \u00d7 {b}?", "Compute {a} times {b}.", "What is {a} * {b}?"]).format(
+                a=a, b=b), a * b
+        if kind == 1:
+            return f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b
+        a, b = max(a, b) + d(), min(a, b)
+        return f"{name} has {a} {item} and gives away {b}. How many {item} are left?", a - b
+    if level == 3:
+        a, b = d(10, 99), d(10, 99)
+        if rng.random() < 0.5:
+            return rng.choice(["What is {a} + {b}?", "Compute {a} + {b}."]).format(a=a, b=b), a + b
+        a, b = max(a, b), min(a, b)
+        return rng.choice(["What is {a} - {b}?", "Compute {a} - {b}."]).format(a=a, b=b), a - b
+    if level == 4:
+        a, b, c = d(), d(), d()
+        kind = rng.randrange(3)
+        if kind == 0:
+            return f"What is {a} + {b} + {c}?", a + b + c
+        if kind == 1:
+            a = a + b  # keep the result non-negative
+            return f"What is {a} - {b} + {c}?", a - b + c
+        return (f"{name} has {a} {item}. {name} buys {b} more and then finds {c} more. "
+                f"How many {item} does {name} have?"), a + b + c
+    if level == 5:
+        a, b, c = d(2), d(2), d()
+        kind = rng.randrange(3)
+        if kind == 0:
+            return f"What is ({a} + {b}) \u00d7 {c}?", (a + b) * c
+        if kind == 1:
+            return f"What is {a} \u00d7 {b} + {c}?", a * b + c
+        return (f"{name} buys {a} bags with {b} {item} in each bag, then gives away {c} {item}. "
+                f"How many {item} does {name} have left?"), a * b - c
+    raise ValueError(f"builtin:arith has levels 1 to 5, not {level}.")
+
+
+def _in_test_split(text: str) -> bool:
+    """A fixed fifth of all possible problems is held out: train and test never share a problem."""
+    return int(hashlib.sha1(text.encode()).hexdigest(), 16) % 5 == 0
+
+
+def arith_problems(levels: list[int], n: int, seed: int, split: str) -> list[tuple[str, str, str, int]]:
+    """Up to ``n`` distinct ``(id, text, answer, level)`` problems of ``split``, levels mixed in equal shares."""
+    rng = random.Random(f"lanpo-arith-{seed}-{split}")
+    want_test = split == "test"
+    problems: dict[str, tuple[str, str, str, int]] = {}
+    attempts = 0
+    while len(problems) < n and attempts < 200 * n:
+        attempts += 1
+        level = levels[len(problems) % len(levels)]
+        text, answer = _arith_level(level, rng)
+        if _in_test_split(text) != want_test:
+            continue
+        pid = f"arith-L{level}-{hashlib.sha1(text.encode()).hexdigest()[:10]}"
+        problems.setdefault(pid, (pid, text, str(answer), level))
+    return list(problems.values())
