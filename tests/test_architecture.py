@@ -12,8 +12,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 
 # Lower stages first: a module may import only modules listed before it (function-level imports included).
-STAGES = ["answers", "prompts", "arith", "data", "models", "pool", "bm25", "generation", "rewards", "retrieval", "feedback",
-          "summarize", "rollout", "objective", "config", "runlog", "trainer", "sft_data", "sft", "evaluate",
+STAGES = ["answers", "prompts", "arith", "presets", "data", "models", "pool", "bm25", "generation", "rewards", "retrieval", "feedback",
+          "summarize", "rollout", "objective", "checkpoints", "config", "runlog", "trainer", "sft_data", "sft", "evaluate",
           "compare", "train", "cli", "demo", "__init__"]
 
 

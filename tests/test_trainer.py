@@ -128,7 +128,8 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     stub_summaries(full)
     full.train()
     checkpoint = Path(full.args.output_dir) / "checkpoint-2"
-    assert (checkpoint / "pool.sqlite").is_file() and (checkpoint / "lanpo_state.json").is_file()
+    assert (checkpoint / "pool.sqlite").is_file() and (checkpoint / "lanpo_state_rank0.json").is_file()
+    assert not (Path(full.args.output_dir) / ".staging").exists()  # every checkpoint was moved into place
 
     resumed_dir = tmp_path / "resumed"
     shutil.copytree(checkpoint, resumed_dir / "checkpoint-2")

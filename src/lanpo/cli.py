@@ -75,7 +75,7 @@ def _field_kwargs(args) -> dict:
 
 
 def _benchmarks() -> list[str]:
-    from .data import BENCHMARKS
+    from .presets import BENCHMARKS
 
     return list(BENCHMARKS) + ["builtin:arith"]
 

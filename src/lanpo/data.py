@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl
 
 from .answers import gsm8k_answer, last_boxed, strip_unit_note
 from .arith import arith_problems
+from .presets import PRESETS
 
 logger = logging.getLogger(__name__)
 
@@ -68,44 +69,6 @@ ANSWER_FORMATS: dict[str, Callable[[Any], str | None]] = {
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
 ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "ground_truth")
 ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "uid")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Presets: names that know their fields, answer formats, hub location and local file layout
-
-
-@dataclass(frozen=True)
-class Preset:
-    hub: str
-    split: str = "test"
-    config: str | None = None
-    problem_field: str = "problem"
-    answer_field: str = "answer"
-    answer_format: str = "plain"
-    local: dict[str, str] = field(default_factory=dict)  # split -> path under --data-dir
-    local_answer_format: str | None = None  # when local files store answers differently from the hub
-
-
-PRESETS: dict[str, Preset] = {
-    "gsm8k": Preset("openai/gsm8k", "test", "main", "question", "answer", "gsm8k",
-                    {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}),
-    "math": Preset("DigitalLearningGmbH/MATH-lighteval", "train", None, "problem", "solution", "boxed",
-                   {"train": "math_train/train.json", "test": "math500/test.jsonl"}, local_answer_format="plain"),
-    "math500": Preset("HuggingFaceH4/MATH-500", "test", None, "problem", "answer", "plain",
-                      {"test": "math500/test.jsonl"}),
-    "dapo-math-17k": Preset("open-r1/DAPO-Math-17k-Processed", "train", "en", "prompt", "solution", "plain",
-                            {"train": "dapo_math_17k/train.jsonl"}),
-    "aime24": Preset("HuggingFaceH4/aime_2024", "train", None, "problem", "answer", "plain",
-                     {"train": "aime24/test.jsonl", "test": "aime24/test.jsonl"}),
-    "aime25": Preset("math-ai/aime25", "test", None, "problem", "answer", "plain", {"test": "aime25/test.jsonl"}),
-    "amc23": Preset("math-ai/amc23", "test", None, "question", "answer", "plain", {"test": "amc23/test.jsonl"}),
-    "minerva": Preset("math-ai/minervamath", "test", None, "question", "answer", "plain",
-                      {"test": "minerva/test.jsonl"}),
-    "olympiadbench": Preset("math-ai/olympiadbench", "test", None, "question", "final_answer", "plain",
-                            {"test": "olympiadbench/test.jsonl"}),
-}
-# Benchmarks are the presets used for evaluation (train-only sets excluded).
-BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -434,3 +397,17 @@ def to_prompt_dataset(problems: list[Problem]):
          "source": p.source}
         for p in problems
     ])
+
+
+def with_answer_column(dataset, answer_field: str | None = None):
+    """``dataset`` with an ``answer`` column for the reward: taken from ``answer_field``, else the first of
+    ``final_answer``, ``solution`` (its last ``\\boxed{}``), ``target``, ``ground_truth`` (case-insensitive)."""
+    names = dataset.column_names
+    if answer_field is None and "answer" in names:
+        return dataset
+    key = _pick(dict.fromkeys(names), answer_field, ANSWER_FIELDS)
+    if key is None:
+        raise DataError(f"The training dataset has no answer column (columns: {names}); name it 'answer', or "
+                        f"pass one of {list(ANSWER_FIELDS)} (lanpo train --answer_field NAME).")
+    fmt = ANSWER_FORMATS["boxed" if key.lower() == "solution" else "plain"]
+    return dataset.map(lambda row: {"answer": fmt(row[key]) or ""})

@@ -21,28 +21,64 @@ import torch
 EPS = 1e-4  # as TRL's GRPO adds to the standard deviation
 
 
-def separate_advantages(rewards: torch.Tensor, has_feedback: Sequence[bool], group_size: int,
-                        scale_rewards: str = "group") -> torch.Tensor:
-    """Advantages with feedback and scratch rows of each group of ``group_size`` normalized apart.
+def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """Unbiased standard deviation ignoring NaNs (as ``trl.trainer.utils.nanstd``)."""
+    mean = torch.nanmean(x, dim=dim, keepdim=True)
+    count = (~torch.isnan(x)).sum(dim=dim, keepdim=keepdim) if dim is not None else (~torch.isnan(x)).sum()
+    var = torch.nanmean((x - mean) ** 2, dim=dim, keepdim=keepdim) * count / (count - 1)
+    return torch.sqrt(var)
 
-    ``scale_rewards`` as in TRL: ``group`` divides by the subgroup's std, ``batch`` by the std of all
-    ``rewards``, ``none`` not at all. A subgroup of one row has no baseline: its advantage is 0.
+
+def totals(rewards_per_func: torch.Tensor, weights: torch.Tensor, accuracy_index: int | None) -> tuple[torch.Tensor,
+                                                                                                      torch.Tensor]:
+    """Per row: the weighted reward sum (as TRL logs it) and correctness (the accuracy reward > 0.5, else the
+    total > 0). Rows no reward function scored count as 0 and wrong."""
+    total = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    if accuracy_index is not None:
+        return total, torch.nan_to_num(rewards_per_func[:, accuracy_index], nan=0.0) > 0.5
+    return total, total > 0
+
+
+def separate_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, has_feedback: Sequence[bool],
+                        group_size: int, scale_rewards: str = "group",
+                        aggregation: str = "sum_then_normalize") -> torch.Tensor:
+    """Advantages of the whole (gathered) batch with feedback and scratch rows of each group normalized apart.
+
+    TRL's semantics, applied per subgroup instead of per group: rows that no reward function scored (all NaN)
+    are excluded from every baseline and get advantage 0; ``scale_rewards`` ``group`` divides by the subgroup's
+    std, ``batch`` by the std of the whole batch, ``none`` not at all; ``aggregation`` ``normalize_then_sum``
+    normalizes each reward function within the subgroup, sums, then normalizes over the batch. A subgroup with
+    fewer than two scored rows has no baseline: advantage 0.
     """
-    out = torch.zeros_like(rewards, dtype=torch.float32)
-    batch_std = rewards.std() if rewards.numel() > 1 else torch.tensor(0.0)
-    for start in range(0, len(rewards), group_size):
-        for with_feedback in (False, True):
-            idx = [i for i in range(start, min(start + group_size, len(rewards))) if has_feedback[i] == with_feedback]
-            if len(idx) < 2:
-                continue
+    weights = weights.to(rewards_per_func.device).unsqueeze(0)
+    unscorable = torch.isnan(rewards_per_func).all(dim=1)
+    flags = torch.tensor(list(has_feedback), device=rewards_per_func.device)
+    subgroups = [idx for start in range(0, len(flags), group_size) for value in (False, True)
+                 if len(idx := [i for i in range(start, start + group_size) if bool(flags[i]) == value]) > 0]
+    if aggregation == "normalize_then_sum":
+        per_func = torch.full_like(rewards_per_func, float("nan"))
+        for idx in subgroups:
+            sub = rewards_per_func[idx]
+            per_func[idx] = (sub - torch.nanmean(sub, dim=0, keepdim=True)) / (nanstd(sub, dim=0, keepdim=True) + EPS)
+        rewards = (per_func * weights).nansum(dim=1)
+        rewards[unscorable] = float("nan")
+        advantages = (rewards - torch.nanmean(rewards)) / (nanstd(rewards) + EPS)
+    elif aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights).nansum(dim=1)
+        rewards[unscorable] = float("nan")
+        batch_std = nanstd(rewards) if rewards.numel() > 1 else torch.tensor(0.0)
+        advantages = torch.full_like(rewards, float("nan"))
+        for idx in subgroups:
             sub = rewards[idx]
-            adv = sub - sub.mean()
-            if scale_rewards == "group":
-                adv = adv / (sub.std() + EPS)
-            elif scale_rewards == "batch":
-                adv = adv / (batch_std + EPS)
-            out[idx] = adv.float()
-    return out
+            centred = sub - torch.nanmean(sub)
+            scale = {"group": nanstd(sub), "batch": batch_std}.get(scale_rewards)
+            advantages[idx] = centred / (scale + EPS) if scale is not None else centred
+    else:
+        raise ValueError(f"Unknown multi_objective_aggregation {aggregation!r}.")
+    for idx in subgroups:  # no baseline for a lone scored row
+        if int((~unscorable[idx]).sum()) < 2:
+            advantages[idx] = 0.0
+    return torch.nan_to_num(advantages, nan=0.0).float()
 
 
 def strip_weights(plain_logps: torch.Tensor, context_logps: torch.Tensor, completion_mask: torch.Tensor,

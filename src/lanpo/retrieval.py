@@ -15,7 +15,7 @@ Relevance scorers share one interface (``score(problem, entries, bm25) -> list[f
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +84,8 @@ class EmbeddingScorer(RelevanceScorer):
         return self.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
 
     def score_many(self, queries):
+        if not any(entries for _, entries, _ in queries):
+            return [[] for _ in queries]
         missing = {e.id: entry_text(e) for _, entries, _ in queries for e in entries
                    if e.id is None or e.id not in self._cache}
         if missing:
@@ -111,6 +113,9 @@ class LLMJudgeScorer(RelevanceScorer):
 
     def __init__(self, model, tokenizer, batch_size: int = 16) -> None:
         self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        # Under FSDP / ZeRO-3 a forward is collective: every process must run as many batches. A trainer with
+        # several processes sets this to "the largest count on any process"; extra batches are discarded.
+        self.sync_batches: Callable[[int], int] | None = None
         self.yes_ids = self._first_tokens(["Yes", " Yes", "yes", " yes", "YES"])
         self.no_ids = self._first_tokens(["No", " No", "no", " no", "NO"])
         if not self.yes_ids or not self.no_ids or set(self.yes_ids) & set(self.no_ids):
@@ -133,6 +138,9 @@ class LLMJudgeScorer(RelevanceScorer):
 
         prompts = [chat_ids(self.tokenizer, relevance_messages(problem, e.principles, e.pitfalls))
                    for problem, entries, _ in queries for e in entries]
+        batches = -(-len(prompts) // self.batch_size)
+        filler = [chat_ids(self.tokenizer, relevance_messages("1 + 1", ["add"], []))] * self.batch_size
+        padded = prompts + filler * ((self.sync_batches(batches) if self.sync_batches else batches) - batches)
         probs: list[float] = []
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -140,8 +148,8 @@ class LLMJudgeScorer(RelevanceScorer):
         self.model.eval()
         try:
             with torch.no_grad():
-                for start in range(0, len(prompts), self.batch_size):
-                    ids, mask = left_pad(prompts[start:start + self.batch_size], pad, device)
+                for start in range(0, len(padded), self.batch_size):
+                    ids, mask = left_pad(padded[start:start + self.batch_size], pad, device)
                     logits = self.model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float()
                     p = torch.softmax(logits, dim=-1)
                     yes, no = p[:, self.yes_ids].sum(-1), p[:, self.no_ids].sum(-1)
@@ -150,6 +158,7 @@ class LLMJudgeScorer(RelevanceScorer):
             if was_training:
                 self.model.train()
         out, i = [], 0
+        probs = probs[:len(prompts)]
         for _, entries, _ in queries:
             out.append(probs[i:i + len(entries)])
             i += len(entries)
@@ -243,7 +252,7 @@ class Retriever:
             entries = self.pool.entries(ids=[h[0] for h in hits])
             by_id = dict(hits)
             found.append((problem, entries, [by_id[e.id] for e in entries]))
-        scored = self.scorer.score_many(found) if any(f[1] for f in found) else [[] for _ in found]
+        scored = self.scorer.score_many(found)  # also without candidates: a judge's forwards may be collective
         results = []
         for (_, entries, bm25), relevance in zip(found, scored):
             kept = [Retrieved(e, r, b) for e, r, b in zip(entries, relevance, bm25) if r >= self.gamma]

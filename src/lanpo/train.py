@@ -2,21 +2,24 @@
 
 Three dataclasses make the command line: :class:`TrainArguments` (data and run), TRL's ``ModelConfig``
 (model, dtype, LoRA) and :class:`LanpoConfig` (every GRPO and LANPO knob). A YAML file sets any of their
-fields; flags override it. With no config at all it trains the embedded default: SmolLM2-135M-Instruct on
-``builtin:arith``, on CPU, with small groups and lengths. Every run directory gets the resolved config
-(``config.yaml``, re-runnable with ``--config``), ``metrics.jsonl``, ``samples.jsonl``, the pool, checkpoints,
-the final model and ``training_curves.png``.
+fields; flags override it. With neither a config nor a model it trains the embedded default (SmolLM2-135M-Instruct
+on ``builtin:arith``, CPU-sized: :data:`EMBEDDED_DEFAULTS`); with either, the library's and TRL's defaults apply.
+Every run directory gets the resolved config (``config.yaml``, re-runnable with ``--config``), ``metrics.jsonl``,
+``samples.jsonl``, the pool, checkpoints, the final model (with a model card) and ``training_curves.png``.
+``--resume`` restores the run's own config; only :data:`CHANGEABLE_ON_RESUME` may be changed with flags.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
+from . import checkpoints
 from .config import LanpoConfig, parse_command_line
 
 logger = logging.getLogger(__name__)
@@ -38,7 +41,24 @@ class TrainArguments:
     answer_format: str | None = field(default=None, metadata={"help": "plain, gsm8k or boxed."})
     resume: str | None = field(default=None, metadata={
         "help": "Continue a run: a checkpoint directory, a run directory (its latest checkpoint), or 'latest' "
-                "(the latest checkpoint in --output_dir). The pool, RNG states and step come back with it."})
+                "(the latest checkpoint in --output_dir). The run's own settings, pool, RNG states and step come "
+                "back with it; flags may change only the fields that cannot make it another run."})
+    overwrite: bool = field(default=False, metadata={
+        "help": "Start afresh in an existing run directory (its config, logs, pool and checkpoints are deleted)."})
+    print_config: bool = field(default=False, metadata={
+        "help": "Print the resolved settings as YAML and exit, without loading a model."})
+
+
+# Fields a resumed run may change: they shape how long it runs and what it logs, not what it learns.
+CHANGEABLE_ON_RESUME = {
+    "max_steps", "num_train_epochs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
+    "logging_strategy", "report_to", "run_name", "log_samples", "disable_tqdm", "dataloader_num_workers",
+    "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "verify_time_limit",
+}
+# Run-control fields: how this command runs, never part of a saved config (re-running it must not resume).
+RUN_CONTROL = {"resume", "overwrite", "print_config"}
+NOT_SAVED = RUN_CONTROL | {"generation_batch_size", "hub_token"}  # derived by TRL, or secret
+RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "pool.sqlite", "final")
 
 
 # The embedded default: what `lanpo train` runs with no config (CPU-sized; any value can be overridden).
@@ -69,34 +89,86 @@ EMBEDDED_DEFAULTS = {
 }
 
 
+def given_fields(argv: list[str]) -> set[str]:
+    """The field names a command line sets (``--max_steps 3``, ``--max-steps=3``, ``--config``)."""
+    return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
+
+
+def _value(argv: list[str], name: str) -> str | None:
+    """The value a command line gives field ``name`` (``--name V``, ``--name=V``, dashes or underscores)."""
+    for i, arg in enumerate(argv):
+        flag, _, inline = arg.partition("=")
+        if not flag.startswith("--") or flag[2:].replace("-", "_") != name:
+            continue
+        if inline or "=" in arg:
+            return inline
+        return argv[i + 1] if i + 1 < len(argv) else None
+    return None
+
+
 def parse(argv: list[str]):
-    """Parse ``argv`` into (TrainArguments, ModelConfig, LanpoConfig) with the embedded defaults underneath."""
+    """Parse ``argv`` into (TrainArguments, ModelConfig, LanpoConfig). The embedded defaults lie underneath only
+    when neither ``--config`` nor a model is given; ``--resume`` puts the run's saved config underneath."""
     from trl import ModelConfig
 
-    defaults = dict(EMBEDDED_DEFAULTS, output_dir=f"runs/lanpo-{time.strftime('%Y%m%d-%H%M%S')}")
+    given = given_fields(argv)
+    saved = _saved_config(argv) if "resume" in given else None
+    if saved is not None:
+        if "config" in given:
+            raise ValueError("--resume takes the run's settings from its config.yaml; give changes as flags, "
+                             "not with --config.")
+        argv = ["--config", str(saved), *argv]
+    embedded = not ({"config", "model_name_or_path"} & given) and saved is None
+    defaults = dict(EMBEDDED_DEFAULTS) if embedded else {}
+    defaults.setdefault("output_dir", f"runs/lanpo-{time.strftime('%Y%m%d-%H%M%S')}")
     train_args, model_args, config = parse_command_line((TrainArguments, ModelConfig, LanpoConfig), defaults, argv)
     if model_args.model_name_or_path is None:
-        model_args.model_name_or_path = EMBEDDED_DEFAULTS["model_name_or_path"]
+        raise ValueError("A config without model_name_or_path: name the model to train (--model NAME_OR_PATH).")
+    if saved is not None:
+        _check_resume_changes(yaml.safe_load(saved.read_text()), resolved_config(train_args, model_args, config))
     return train_args, model_args, config
 
 
-def resume_target(resume: str | None, output_dir: str) -> tuple[str | None, str]:
-    """``(checkpoint, output_dir)`` for ``--resume``."""
-    from transformers.trainer_utils import get_last_checkpoint
+def _saved_config(argv: list[str]) -> Path | None:
+    """``RUN/config.yaml`` of the run ``--resume`` continues (None for a run saved without one)."""
+    resume, output_dir = _value(argv, "resume"), _value(argv, "output_dir")
+    if resume == "latest" and output_dir is None:
+        raise ValueError("--resume latest needs --output_dir RUN (the run to continue).")
+    path = Path(output_dir if resume == "latest" else resume or ".")
+    run_dir = path.parent if checkpoints.is_checkpoint(path) else path
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"--resume {resume}: no run directory at {run_dir}.")
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
+        logger.warning("%s has no config.yaml: resuming with the settings given now", run_dir)
+        return None
+    return saved
 
+
+def _check_resume_changes(saved: dict, resolved: dict) -> None:
+    changed = {k: (saved.get(k), v) for k, v in resolved.items() if k in saved and saved[k] != v
+               and k not in CHANGEABLE_ON_RESUME | RUN_CONTROL | {"output_dir"}}
+    if changed:
+        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
+        raise ValueError(f"A resumed run keeps its settings; these would make it another run: {listed}. Start a "
+                         f"new run for them (only {', '.join(sorted(CHANGEABLE_ON_RESUME))} may change on resume).")
+
+
+def resume_target(resume: str | None, output_dir: str) -> tuple[str | None, str]:
+    """``(checkpoint, output_dir)`` for ``--resume``: a checkpoint, or the newest complete one of a run."""
     if not resume:
         return None, output_dir
     path = Path(output_dir if resume == "latest" else resume)
-    if path.name.startswith("checkpoint-") and path.is_dir():
+    if checkpoints.is_checkpoint(path):
         return str(path), str(path.parent)
-    last = get_last_checkpoint(str(path)) if path.is_dir() else None
+    last = checkpoints.latest(path) if path.is_dir() else None
     if last is None:
-        raise FileNotFoundError(f"--resume {resume}: no checkpoint-* directory in {path}.")
-    return last, str(path)
+        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint-* directory in {path}.")
+    return str(last), str(path)
 
 
 def resolved_config(train_args, model_args, config) -> dict:
-    """Every field of the three dataclasses with its value: a YAML that reproduces the run."""
+    """Every field of the three dataclasses with its value: a YAML that reproduces the run (``--config``)."""
     out = {}
     for obj in (train_args, model_args):
         out.update(asdict(obj))
@@ -108,7 +180,30 @@ def resolved_config(train_args, model_args, config) -> dict:
                 value = value.value
             if isinstance(value, (str, int, float, bool, type(None), list, dict)):
                 out[f.name] = value
-    return out
+    return {k: v for k, v in out.items() if k not in NOT_SAVED}
+
+
+def prepare_run_dir(run_dir: Path, resuming: bool, overwrite: bool) -> None:
+    """Refuse to mix two runs in one directory: an existing run is continued (--resume) or replaced (--overwrite)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise FileExistsError(f"--output_dir {run_dir} is a file, not a directory.")
+    found = [n for n in RUN_FILES if (run_dir / n).exists()] + [p.name for p in checkpoints.checkpoints(run_dir)]
+    if found and not resuming:
+        if not overwrite:
+            raise FileExistsError(f"{run_dir} already holds a run ({', '.join(found[:4])}): continue it with "
+                                  "--resume latest, replace it with --overwrite, or choose another --output_dir.")
+        shutil.rmtree(run_dir)
+    checkpoints.discard_staging(run_dir)
+
+
+def describe(train_args, model_args, config) -> str:
+    """The settings a user checks first, one line."""
+    steps = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epochs"
+    return (f"model {model_args.model_name_or_path}, data {train_args.data}, {steps}, G={config.num_generations}, "
+            f"p_t={config.feedback_ratio}, max_completion_length={config.max_completion_length}, "
+            f"lr={config.learning_rate:g}, beta={config.beta}, T={config.temperature}, relevance "
+            f"{config.relevance_scorer} (gamma={config.relevance_threshold}), extraction {config.answer_extraction}, "
+            f"output_dir {config.output_dir}")
 
 
 def run(argv: list[str]) -> Path:
@@ -117,33 +212,53 @@ def run(argv: list[str]) -> Path:
 
     from .data import load_problems, to_prompt_dataset
     from .models import load_tokenizer, resolve_model_path
-    from .runlog import plot_run, save_final_model
+    from .runlog import model_card, plot_run, push_final_model, save_final_model
     from .trainer import LanpoTrainer
 
     train_args, model_args, config = parse(argv)  # validation happens here, before any model loads
+    resolved = resolved_config(train_args, model_args, config)
+    if train_args.print_config:
+        print(yaml.safe_dump(resolved, sort_keys=False), end="")
+        return Path(config.output_dir)
     checkpoint, config.output_dir = resume_target(train_args.resume, config.output_dir)
+    if config.push_to_hub:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:
+            raise RuntimeError("push_to_hub needs the Hugging Face hub, but this machine is offline (HF_HUB_OFFLINE "
+                               "is set): drop --push_to_hub, and push RUN/final later.")
     problems = load_problems(train_args.data, split=train_args.data_split, limit=train_args.data_limit,
                              data_dir=train_args.data_dir, problem_field=train_args.problem_field,
                              answer_field=train_args.answer_field, id_field=train_args.id_field,
                              problem_template=train_args.problem_template,
                              answer_format=train_args.answer_format)
     run_dir = Path(config.output_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / ("config.yaml" if checkpoint is None else "config.resumed.yaml")).write_text(yaml.safe_dump(resolved_config(train_args, model_args, config),
-                                                        sort_keys=False))
+    prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
+    created = not run_dir.exists()
+    logger.info("Training on %d problems: %s%s", len(problems), describe(train_args, model_args, config),
+                f"; resuming from {checkpoint}" if checkpoint else "")
     model_path = resolve_model_path(model_args.model_name_or_path)
     if model_args.dtype and model_args.dtype != "auto":
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
     elif config.bf16:
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": "bfloat16"}
-    logger.info("Training %s on %d problems from %s; run directory %s", model_args.model_name_or_path,
-                len(problems), train_args.data, run_dir)
-    trainer = LanpoTrainer(model=model_path, args=config, train_dataset=to_prompt_dataset(problems),
-                           processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args))
+    try:
+        trainer = LanpoTrainer(model=model_path, args=config, train_dataset=to_prompt_dataset(problems),
+                               processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args))
+    except BaseException:
+        if created:  # nothing of this run exists yet: leave nothing behind
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    if trainer.accelerator.is_main_process:
+        name = "config.yaml" if checkpoint is None else "config.resumed.yaml"
+        (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
     trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
     final = save_final_model(trainer, run_dir)
     if trainer.accelerator.is_main_process:
+        (final / "README.md").write_text(model_card(resolved, len(problems), trainer.state.global_step))
         plot_run(run_dir)
         logger.info("Done: final model in %s, curves in %s", final, run_dir / "training_curves.png")
+        if config.push_to_hub:
+            push_final_model(final, config.hub_model_id or run_dir.name, config.hub_private_repo)
     trainer.verifier.close()
     return run_dir

@@ -1,51 +1,45 @@
 """``LanpoTrainer``: TRL's ``GRPOTrainer`` with LANPO's rollouts, wired in through TRL's hooks.
 
-The method lives one stage a module: the rollout in ``lanpo.rollout``, the changes to the objective in
-``lanpo.objective``, metrics and samples in ``lanpo.runlog``. This class connects them to TRL: ``rollout_func``
-(:meth:`_rollout`), ``_generate_and_score_completions`` and ``_calculate_rewards`` (rows, rewards, advantages:
-:meth:`_after_rollouts`), ``_save_checkpoint`` / ``_load_optimizer_and_scheduler`` (the pool travels with every
-checkpoint). With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while the pool is built.
+The method lives one stage a module (``rollout``, ``objective``, ``runlog``, ``checkpoints``); this class
+connects them to TRL's ``rollout_func``, ``_generate_and_score_completions``, ``_calculate_rewards`` and
+checkpoint hooks. With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while the pool is built.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 import logging
 import time
 import warnings
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from . import objective, rollout
+from . import checkpoints, objective, rollout
 from .config import LanpoConfig
+from .data import with_answer_column
 from .generation import chat_ids, left_pad
 from .pool import POOL_FILENAME, ExperiencePool
+from .prompts import solve_messages
 from .retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
 from .rewards import MathVerifier, make_accuracy_reward
-from .runlog import MetricsFileCallback, row_record, step_metrics, write_samples
+from .runlog import MetricsFileCallback, row_record, step_metrics, time_metrics, write_samples
 from .summarize import Trial, entry_from_summary
 
 logger = logging.getLogger(__name__)
-
-STATE_FILE = "lanpo_state.json"
 
 
 class LanpoTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with LANPO's language-guided rollouts and experience pool.
 
     Arguments are ``GRPOTrainer``'s, with ``args`` a :class:`LanpoConfig`; ``reward_funcs`` defaults to math
-    accuracy on the dataset's ``answer`` column; ``train_dataset`` rows have ``prompt`` and ``answer`` (and
-    ``problem_id``, ``problem``: see ``lanpo.data.to_prompt_dataset``); ``pool`` defaults to
+    accuracy on the dataset's answer column (``lanpo.data.with_answer_column``); ``pool`` defaults to
     ``<output_dir>/pool.sqlite`` on the main process.
     """
 
@@ -58,8 +52,7 @@ class LanpoTrainer(GRPOTrainer):
         args = args if args is not None else LanpoConfig(output_dir="runs/lanpo")
         if not isinstance(args, LanpoConfig):
             raise TypeError(f"LanpoTrainer needs a LanpoConfig, got {type(args).__name__}.")
-        if train_dataset is not None and "answer" not in train_dataset.column_names:
-            raise ValueError("The training dataset needs an 'answer' column (see lanpo.data.to_prompt_dataset).")
+        train_dataset = with_answer_column(train_dataset) if train_dataset is not None else None
         self.verifier = MathVerifier(args.verify_time_limit, args.answer_extraction)
         with warnings.catch_warnings():  # lanpo pins trl<2 and tests the rollout_func API it relies on
             warnings.filterwarnings("ignore", message=".*'rollout_func'.*experimental", category=UserWarning)
@@ -80,12 +73,8 @@ class LanpoTrainer(GRPOTrainer):
         scorer = make_scorer(args.relevance_scorer, self.model, self.processing_class, args.embedding_model)
         self.retriever = Retriever(self.pool, scorer, gamma=args.relevance_threshold, top_k=args.retrieval_top_k,
                                    candidates=args.retrieval_candidates)
-        # TRL 1.9 generates with GRPOTrainer's own G per call; later releases take num_generations per call,
-        # which is what lets vLLM server mode treat every row's prompt as its own.
-        self._per_call_generations = "num_generations" in inspect.signature(self._generate_single_turn).parameters
-        if not self._per_call_generations and args.use_vllm and args.vllm_mode == "server" and args.feedback_ratio:
-            raise ValueError("LANPO with vLLM server mode needs a TRL whose GRPOTrainer._generate_single_turn takes "
-                             "num_generations (trl 1.16 does; 1.9 does not): upgrade TRL, or use vllm_mode=colocate.")
+        if isinstance(scorer, LLMJudgeScorer) and self.accelerator.num_processes > 1:  # same forwards on every rank
+            scorer.sync_batches = lambda n: max(gather_object([n]))
         self._accuracy_index = self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names \
             else None
         self._model_io = rollout.RolloutModel(
@@ -98,24 +87,29 @@ class LanpoTrainer(GRPOTrainer):
         self._batch_inputs: list[dict] | None = None
         self._rewards_per_func: torch.Tensor | None = None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
+        self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
 
     # -- generation ------------------------------------------------------------------------------------------
 
-    def _generate_single(self, prompt_ids, images, multimodal_fields, num_generations: int):
-        extra = (num_generations,) if self._per_call_generations else ()
-        return self._generate_single_turn(prompt_ids, images, multimodal_fields, *extra)
-
     def _generate_ids(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list | None]:
-        """One completion per row (rows have different prompts: one generation each, also under vLLM)."""
-        if not prompt_ids:
+        """One completion per row (one generation each, also under vLLM). Every process generates as many rows
+        (padded with a filler prompt), since vLLM server mode slices results by process and ZeRO-3 / FSDP
+        forwards are collective."""
+        n = len(prompt_ids)
+        width = max(gather_object([n])) if self.accelerator.num_processes > 1 else n
+        if width == 0:
             return [], None
-        completion_ids, logprobs = self._generate_single(prompt_ids, None, {}, 1)
-        return [list(c) for c in completion_ids], logprobs
+        filler = prompt_ids[:1] or self._model_io.tokenize([solve_messages("1 + 1")])
+        completion_ids, logprobs = self._generate_single_turn(prompt_ids + filler * (width - n), None, {}, 1)
+        return [list(c) for c in completion_ids[:n]], logprobs[:n] if logprobs is not None else None
+
+    def _any_process(self, flag: bool) -> bool:
+        return any(gather_object([flag])) if self.accelerator.num_processes > 1 else flag
 
     def _plain_rollout(self, prompts: list, num_generations: int) -> dict[str, Any]:
         """Exactly what GRPOTrainer does without a rollout_func."""
         prompt_ids, images, multimodal_fields = self._tokenize_prompts(prompts)
-        completion_ids, logprobs = self._generate_single(prompt_ids, images, multimodal_fields, num_generations)
+        completion_ids, logprobs = self._generate_single_turn(prompt_ids, images, multimodal_fields, num_generations)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
     def _rollout(self, prompts: list, trainer=None) -> dict[str, Any]:
@@ -142,8 +136,7 @@ class LanpoTrainer(GRPOTrainer):
             pool=self.pool, reflection_source=self.args.reflection_source,
             keep_context=self.args.context_in_loss == "keep", pending=pending, timer=self._timer,
             counts=self._step_counts, judge=self._judge_model())
-        if pending:
-            self._add_summaries(pending, summaries)
+        self._add_summaries(pending, summaries)  # on every process: it gathers
         return output
 
     @contextmanager
@@ -161,7 +154,7 @@ class LanpoTrainer(GRPOTrainer):
     def _summarize_pending_apart(self) -> None:
         """Pending summaries in a generation of their own under a forked RNG (so p_t = 0 stays exactly GRPO)."""
         pending, self._pending = self._pending, []
-        if pending:
+        if self._any_process(bool(pending)):  # every process takes part in the generation and the gather
             start = time.perf_counter()
             with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
                 texts = rollout.summarize_apart(self._model_io, pending)
@@ -191,22 +184,20 @@ class LanpoTrainer(GRPOTrainer):
         self._timer["rollout_total"] += time.perf_counter() - start
         return output
 
-    def _local_rewards(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """This process's rows: total reward (weighted sum, as TRL computes it) and correctness."""
+    def _local(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This process's rows of a tensor gathered over every process (TRL gathers in process order)."""
         n = len(self._rows)
-        rank = self.accelerator.process_index
-        local = self._rewards_per_func[rank * n:(rank + 1) * n]
-        total = (local * self.reward_weights.to(local.device).unsqueeze(0)).nansum(dim=1)
-        index = self._accuracy_index
-        correct = torch.nan_to_num(local[:, index], nan=0.0) > 0.5 if index is not None else total > 0
-        return total.cpu(), correct.cpu()
+        return tensor[self.accelerator.process_index * n:(self.accelerator.process_index + 1) * n]
 
     def _after_rollouts(self, output: dict) -> None:
         rows, step, g = self._rows, self.state.global_step, self.num_generations
-        rewards, correct = self._local_rewards()
-        if self.args.advantage_grouping == "separate":
-            output["advantages"] = objective.separate_advantages(
-                rewards, [r.has_feedback for r in rows], g, self.args.scale_rewards).to(output["advantages"])
+        rewards, correct = (t.cpu() for t in objective.totals(self._local(self._rewards_per_func),
+                                                               self.reward_weights, self._accuracy_index))
+        if self.args.advantage_grouping == "separate":  # on the whole (gathered) batch, as TRL normalizes
+            flags = [f for part in gather_object([[r.has_feedback for r in rows]]) for f in part]
+            output["advantages"] = self._local(objective.separate_advantages(
+                self._rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards,
+                self.args.multi_objective_aggregation)).to(output["advantages"])
         if self.args.context_in_loss == "strip" and any(r.has_feedback for r in rows):
             output["advantages"] = objective.weight_advantages(output["advantages"], self._strip_weights(output))
         self._log_step_metrics(rewards, correct)
@@ -262,35 +253,44 @@ class LanpoTrainer(GRPOTrainer):
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._timer["update"] += time.perf_counter() - start - (self._timer["rollout_total"] - rollout_before)
         if self._step % self.current_gradient_accumulation_steps == 0:
-            t = self._timer
-            for key in ("generate", "summarize", "retrieve", "update"):
-                self._metrics["train"][f"time/{key}"].append(t[key])
-            other = t["rollout_total"] - t["generate"] - t["summarize"] - t["retrieve"]
-            self._metrics["train"]["time/score"].append(max(0.0, other))
+            for key, value in time_metrics(self._timer).items():
+                self._metrics["train"][key].append(value)
             self._timer = Counter()
         return loss
 
-    # -- checkpoints: the pool and pending summaries travel with every checkpoint ---------------------------
+    # -- checkpoints: complete or absent, with the pool and every process's pending summaries ---------------
+
+    def _get_output_dir(self, trial) -> str:
+        run_dir = super()._get_output_dir(trial)
+        return str(Path(run_dir) / checkpoints.STAGING) if self._staging else run_dir
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        run_dir, name = Path(self._get_output_dir(trial)), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        self._staging = True
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = False
+        staged = run_dir / checkpoints.STAGING / name
+        staged.mkdir(parents=True, exist_ok=True)
         if self.accelerator.is_main_process:
-            folder = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            self.pool.backup(folder / POOL_FILENAME)
-            state = {"pending": [asdict(t) for t in self._pending], "step": self.state.global_step}
-            (folder / STATE_FILE).write_text(json.dumps(state))
+            self.pool.backup(staged / POOL_FILENAME)
+        checkpoints.write_state(staged, self.accelerator.process_index, self.accelerator.num_processes,
+                                self.state.global_step, self._pending)
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            checkpoints.commit(staged, run_dir / name)
+            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+        self.accelerator.wait_for_everyone()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        if not (folder := Path(checkpoint)).joinpath(POOL_FILENAME).is_file():
-            raise FileNotFoundError(f"{checkpoint} has no {POOL_FILENAME}: it was not written by LanpoTrainer, "
-                                    "so the experience pool cannot be resumed.")
-        self.pool.restore_from(folder / POOL_FILENAME)
+        self._pending = checkpoints.restore(Path(checkpoint), self.pool, self.accelerator.process_index,
+                                            self.accelerator.num_processes, self.run_dir)
         self.retriever.rebuild()
-        state = json.loads((folder / STATE_FILE).read_text()) if (folder / STATE_FILE).is_file() else {}
-        self._pending = [Trial(**t) for t in state.get("pending", [])]
         logger.info("Resumed the experience pool from %s (%d entries, %d pending summaries)", checkpoint,
                     len(self.pool), len(self._pending))
 

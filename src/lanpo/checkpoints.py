@@ -1,0 +1,117 @@
+"""Checkpoints that are complete or absent, and resuming without losing or repeating anything.
+
+A checkpoint is written under ``RUN/.staging/checkpoint-N`` (the model, optimizer, RNG states, trainer state,
+then lanpo's pool and each process's pending summaries) and renamed to ``RUN/checkpoint-N`` only when every
+process has finished writing: a run killed mid-save leaves no ``checkpoint-N`` that looks resumable, and
+``--resume latest`` always means the newest complete one. On resume, ``metrics.jsonl`` and ``samples.jsonl``
+are cut back to the checkpoint's step, so the steps re-run after it are not logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from .summarize import Trial
+
+STAGING = ".staging"
+POOL_FILE = "pool.sqlite"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def state_file(rank: int) -> str:
+    return f"lanpo_state_rank{rank}.json"
+
+
+def is_checkpoint(path: Path) -> bool:
+    return path.is_dir() and bool(_CHECKPOINT.match(path.name))
+
+
+def checkpoints(run_dir: str | Path) -> list[Path]:
+    """The run's complete checkpoints, oldest first."""
+    run_dir = Path(run_dir)
+    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint-*") if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def latest(run_dir: str | Path) -> Path | None:
+    found = checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def discard_staging(run_dir: str | Path) -> None:
+    """Remove what a run killed while saving left half-written."""
+    shutil.rmtree(Path(run_dir) / STAGING, ignore_errors=True)
+
+
+def write_state(folder: Path, rank: int, world_size: int, step: int, pending: list[Trial]) -> None:
+    """This process's part of lanpo's checkpoint state: its pending summaries (each process has its own)."""
+    state = {"rank": rank, "world_size": world_size, "step": step, "pending": [asdict(t) for t in pending]}
+    tmp = folder / (state_file(rank) + ".tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, folder / state_file(rank))
+
+
+def commit(staged: Path, final: Path) -> None:
+    """Move a fully written checkpoint into place (the main process, after every process wrote its part)."""
+    if final.exists():  # the same step saved again (a resumed run re-saving its first step)
+        shutil.rmtree(final)
+    os.replace(staged, final)
+    try:
+        staged.parent.rmdir()
+    except OSError:
+        pass
+
+
+def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:
+    """The pending summaries this process resumes with. With another number of processes than the checkpoint's,
+    the main process takes every process's pending trials (none is lost, none summarized twice)."""
+    files = sorted(folder.glob("lanpo_state_rank*.json"))
+    if not files:
+        legacy = folder / "lanpo_state.json"  # written by lanpo 0.1 (main process only)
+        return [Trial(**t) for t in json.loads(legacy.read_text()).get("pending", [])] if legacy.is_file() and \
+            rank == 0 else []
+    states = [json.loads(f.read_text()) for f in files]
+    if states[0].get("world_size") == world_size:
+        mine = [s for s in states if s.get("rank") == rank]
+        return [Trial(**t) for s in mine for t in s.get("pending", [])]
+    return [Trial(**t) for s in states for t in s.get("pending", [])] if rank == 0 else []
+
+
+def restore(folder: Path, pool, rank: int, world_size: int, run_dir: Path) -> list[Trial]:
+    """Put the checkpoint's pool back into ``pool`` and return this process's pending summaries; the main
+    process (rank 0) cuts the run's logs back to the checkpoint's step, since the steps after it are re-run."""
+    if not (folder / POOL_FILE).is_file():
+        raise FileNotFoundError(f"{folder} has no {POOL_FILE}: it was not written by LanpoTrainer (or not "
+                                "completely), so the experience pool cannot be resumed.")
+    pool.restore_from(folder / POOL_FILE)
+    step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
+    if rank == 0:
+        for log in ("metrics.jsonl", "samples.jsonl"):
+            trim_jsonl(run_dir / log, step)
+    return read_pending(folder, rank, world_size)
+
+
+def trim_jsonl(path: Path, max_step: int) -> int:
+    """Drop the lines of a per-step log written after ``max_step``; returns how many were dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            step = json.loads(line).get("step", 0)
+        except (json.JSONDecodeError, AttributeError):
+            step = max_step + 1  # a line torn by the kill
+        if isinstance(step, int | float) and step <= max_step:
+            kept.append(line)
+        else:
+            dropped += 1
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        os.replace(tmp, path)
+    return dropped

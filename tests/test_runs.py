@@ -1,0 +1,217 @@
+"""Real runs (issue 11): the settings given are the settings that run, resume restores them, checkpoints are
+complete or absent, a kill loses and repeats nothing, and every process agrees."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from lanpo.cli import main
+
+SCRIPT = Path(__file__).parent / "train_script.py"
+
+
+def tiny_args(model_dir: Path, run: Path, **overrides) -> list[str]:
+    settings = {"model_name_or_path": model_dir, "data": "builtin:arith?n=8", "output_dir": run,
+                "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8,
+                "max_steps": 2, "logging_steps": 1, "save_steps": 1, "relevance_scorer": "bm25",
+                "relevance_threshold": 0.0, "disable_tqdm": "true", "seed": 0, **overrides}
+    return [x for k, v in settings.items() for x in (f"--{k}", str(v))]
+
+
+def steps_logged(run: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_minimal_yaml_gets_the_library_defaults_not_the_demo_ones(tmp_path, capsys):
+    from trl import GRPOConfig
+
+    from lanpo.config import LanpoConfig
+    from lanpo.train import EMBEDDED_DEFAULTS
+
+    config = tmp_path / "x.yaml"
+    config.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\ndata: gsm8k\nnum_train_epochs: 1\n")
+    assert main(["train", "--config", str(config), "--print-config"]) == 0  # offline: loading it would fail
+    resolved = yaml.safe_load(capsys.readouterr().out)
+    lanpo_fields = set(LanpoConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
+    for name in lanpo_fields:
+        assert resolved[name] == LanpoConfig.__dataclass_fields__[name].default, name
+    assert resolved["relevance_scorer"] == "llm" and resolved["relevance_threshold"] == 0.9
+    assert resolved["answer_extraction"] == "strict" and resolved["max_steps"] == -1
+    for name in ("max_completion_length", "num_generations", "temperature", "beta", "learning_rate", "save_steps"):
+        assert resolved[name] == GRPOConfig.__dataclass_fields__[name].default, name
+    assert resolved["max_completion_length"] != EMBEDDED_DEFAULTS["max_completion_length"]
+    assert not (tmp_path / "runs").exists() and "generation_batch_size" not in resolved
+
+
+def test_resume_restores_the_run_settings_and_refuses_changes_that_make_another_run(tiny_model_dir, tmp_path,
+                                                                                     capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(tiny_model_dir, run)]) == 0
+    assert main(["train", "--output_dir", str(run), "--resume", "latest", "--num_generations", "2"]) == 2
+    assert "num_generations: 4 -> 2" in capsys.readouterr().err
+    assert main(["train", "--output_dir", str(run), "--resume", "latest", "--max_steps", "3"]) == 0
+    resumed = yaml.safe_load((run / "config.resumed.yaml").read_text())
+    assert (resumed["num_generations"], resumed["max_completion_length"], resumed["max_steps"]) == (4, 8, 3)
+    assert resumed["relevance_scorer"] == "bm25" and resumed["model_name_or_path"] == str(tiny_model_dir)
+    steps = steps_logged(run)
+    assert max(steps) == 3 and len([s for s in steps if s == 3]) <= 2  # a step line and the end-of-train line
+
+
+def test_a_saved_config_runs_again_in_a_new_directory(tiny_model_dir, tmp_path):
+    run, new = tmp_path / "run", tmp_path / "new"
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=1)]) == 0
+    assert main(["train", "--config", str(run / "config.yaml"), "--output_dir", str(new)]) == 0
+    assert (new / "final" / "config.json").is_file() and (new / "final" / "README.md").is_file()
+    card = (new / "final" / "README.md").read_text()
+    assert "LANPO" in card and "feedback_ratio" in card and "2510.16552" in card
+
+
+def test_an_existing_run_is_continued_or_replaced_never_mixed(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=1)]) == 0
+    before = (run / "metrics.jsonl").read_text()
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=1)]) == 2
+    assert "--resume latest" in capsys.readouterr().err and (run / "metrics.jsonl").read_text() == before
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=1), "--overwrite", "true"]) == 0
+    assert steps_logged(run) == steps_logged(run)[:1] * len(steps_logged(run))  # only the new run's step 1
+
+
+def test_a_run_that_cannot_start_leaves_nothing_behind(tmp_path):
+    run = tmp_path / "run"
+    assert main(["train", "--model_name_or_path", str(tmp_path / "no-model"), "--output_dir", str(run)]) == 2
+    assert not run.exists()
+
+
+def test_push_to_hub_offline_fails_clearly_before_any_model_loads(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    code = main(["train", "--model_name_or_path", "Qwen/Qwen2.5-7B-Instruct", "--output_dir", str(tmp_path / "r"),
+                 "--push_to_hub", "true", "--hub_model_id", "me/x"])
+    assert code == 2 and "offline" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_path):
+    import datasets
+
+    from lanpo.config import LanpoConfig
+    from lanpo.data import DataError, with_answer_column
+    from lanpo.prompts import solve_messages
+
+    rows = [{"prompt": solve_messages("1+1?"), "Solution": "so \\boxed{2}"}]
+    assert with_answer_column(datasets.Dataset.from_list(rows))["answer"] == ["2"]
+    assert with_answer_column(datasets.Dataset.from_list([{"prompt": [], "gt": "5"}]), "gt")["answer"] == ["5"]
+    with pytest.raises(DataError, match="no answer column"):
+        with_answer_column(datasets.Dataset.from_list([{"prompt": [], "label": "5"}]))
+    assert LanpoConfig  # the trainer applies with_answer_column to every train_dataset (test_trainer trains)
+
+
+def _script(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
+    launch = [sys.executable, str(SCRIPT)] if processes == 1 else [
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT)]
+    return subprocess.run(launch + args, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
+
+
+def _report(folder: Path, processes: int) -> list[dict]:
+    return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(processes)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", ["step:3", "save:2"])
+def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_nothing(tiny_model_dir, tmp_path,
+                                                                                      kill):
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
+    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    killed = _script(args(run), {"LANPO_KILL_AT": kill})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    if kill.startswith("save"):
+        assert (run / ".staging").exists() and not (run / "checkpoint-2").exists()  # half-written, not in place
+    resumed = _script(["--output_dir", str(run), "--resume", "latest"], {"LANPO_REPORT": str(tmp_path / "res")})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [ref], [res] = _report(tmp_path / "ref", 1), _report(tmp_path / "res", 1)
+    assert res["digest"] == ref["digest"] and len(res["rollout_ids"]) == len(set(res["rollout_ids"])) > 0
+    assert steps_logged(run) == steps_logged(reference) and not (run / ".staging").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending_trial(tiny_model_dir, tmp_path):
+    run, reference = tmp_path / "run", tmp_path / "reference"
+    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4, per_device_train_batch_size=4,  # noqa: E731
+                                 advantage_grouping="separate")
+    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref"), "LANPO_LENGTH_REWARD": "1"},
+                   processes=2)
+    assert done.returncode == 0, done.stderr[-4000:]
+    # separate advantages by value: the whole batch's (both processes') rewards, each process its own slice
+    import torch
+
+    from lanpo.objective import separate_advantages
+
+    ref = _report(tmp_path / "ref", 2)
+    assert ref[0]["rewards_per_func"] == ref[1]["rewards_per_func"]  # gathered: the same on both
+    flags = ref[0]["flags"] + ref[1]["flags"]
+    expected = separate_advantages(torch.tensor(ref[0]["rewards_per_func"]), torch.ones(1), flags, 4, "group")
+    assert torch.allclose(torch.tensor(ref[0]["advantages"] + ref[1]["advantages"]), expected, atol=1e-6)
+    assert expected.abs().sum() > 0
+    killed = _script(args(run), {"LANPO_KILL_AT": "step:3", "LANPO_LENGTH_REWARD": "1"}, processes=2)
+    assert killed.returncode != 0 and (run / "checkpoint-2" / "lanpo_state_rank1.json").is_file()
+    resumed = _script(["--output_dir", str(run), "--resume", "latest"],
+                      {"LANPO_REPORT": str(tmp_path / "res"), "LANPO_LENGTH_REWARD": "1"}, processes=2)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    res = _report(tmp_path / "res", 2)
+    assert res[0]["world_size"] == 2 and res[0]["digest"] == res[1]["digest"] == ref[0]["digest"]
+    ids = res[0]["rollout_ids"]
+    assert len(ids) == len(set(ids))  # no summary inserted twice
+    ranks_per_step = {(i.split(":")[0], i.split(":")[1]) for i in ids}
+    assert {s for s, _ in ranks_per_step} == {"0", "1", "2", "3"} and {r for _, r in ranks_per_step} == {"0", "1"}
+    assert steps_logged(run) == steps_logged(reference)
+
+
+@pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")),
+                         ids=lambda p: p.name)
+def test_every_shipped_config_trains_one_step_on_a_tiny_model(config, tiny_model_dir, tmp_path):
+    overrides = tiny_args(tiny_model_dir, tmp_path / "run", max_steps=1) + [
+        "--use_vllm", "false", "--use_peft", "false", "--bf16", "false", "--gradient_checkpointing", "false",
+        "--use_cpu", "true", "--report_to", "none", "--data_dir", "", "--data_limit", "8",
+        "--vllm_mode", "colocate", "--dtype", "float32"]
+    assert main(["train", "--config", str(config), *overrides]) == 0
+    assert (tmp_path / "run" / "final" / "config.json").is_file()
+
+
+FSDP = ["--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
+        "--fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer", "--fsdp_state_dict_type", "SHARDED_STATE_DICT",
+        "--fsdp_sync_module_states", "false", "--fsdp_cpu_ram_efficient_loading", "false"]
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_model_dir, tmp_path):
+    """torch's FSDP runs on gloo here; accelerate's FSDP plugin needs sync_module_states off on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "run"
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", *FSDP, str(SCRIPT),
+              *tiny_args(tiny_model_dir, run, per_device_train_batch_size=4, learning_rate=1e-2)]
+    done = subprocess.run(launch, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LANPO_REPORT": str(tmp_path / "rep"),
+                               "LANPO_LENGTH_REWARD": "1"})
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = _report(tmp_path / "rep", 2)
+    assert ranks[0]["world_size"] == 2 and ranks[0]["digest"] == ranks[1]["digest"] and ranks[0]["rollout_ids"]
+    assert (run / "checkpoint-2" / "lanpo_state_rank1.json").is_file()
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    final = AutoModelForCausalLM.from_pretrained(run / "final").state_dict()
+    assert base.keys() == final.keys() and all(base[k].shape == final[k].shape for k in base)
+    assert sum(float((base[k] - final[k]).abs().sum()) for k in base) > 0  # trained, and saved whole
+    assert all(torch.isfinite(v).all() for v in final.values())
