@@ -28,8 +28,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-from lanpo.answers import to_number
 from lanpo.data import load_problems, read_rows
+from lanpo.numbers import to_number
 from lanpo.rewards import MathVerifier
 
 SETS = {  # name: (preset, split, file with worked solutions, its field, extraction for them)

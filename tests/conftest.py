@@ -7,6 +7,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI runs a few hundred examples per property; HYPOTHESIS_PROFILE=thorough runs the large fuzzes at 10,000.
+settings.register_profile("ci", deadline=None)
+settings.register_profile("thorough", deadline=None, max_examples=10_000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

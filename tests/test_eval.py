@@ -98,7 +98,7 @@ def test_all_three_modes_end_to_end_on_a_tiny_model(tiny_model_dir, problems_fil
     metrics = results["modes"]["self-correct"]["metrics"]
     assert {"mean@2_round0", "mean@2_round1", "mean@2_round2"} <= set(metrics)
     assert metrics["mean@2"] == metrics["mean@2_round2"]  # the last round is the one scored
-    from lanpo.feedback import leakage_problems
+    from audit import leakage_problems
 
     for record in correct:  # the reflection prompt shows the model's own attempt, never the answer or a grade
         attempts = [step["text"] for chain in record["rounds"] for step in chain]
@@ -141,3 +141,22 @@ def test_compare_writes_table_and_plot(tmp_path):
     text = md.read_text()
     assert "| grpo | 5 | 0.0 |" in text and "| lanpo | 5 | 0.75 |" in text and "eval-after/zero-shot" in text and "0.500" in text
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
+
+
+def test_self_correct_with_an_empty_first_attempt_makes_a_fresh_attempt(monkeypatch):
+    import lanpo.evaluate as ev
+    from lanpo.data import Problem
+
+    calls = []
+
+    def fake_generate(model, tokenizer, prompts, n=1, **kwargs):
+        calls.append([p[-1]["content"] for p in prompts])
+        text = "" if len(calls) == 1 else "\\boxed{2}"  # the first round writes nothing at all
+        return [[Sample(text, 0 if not text else 3, False) for _ in range(n)] for _ in prompts]
+
+    monkeypatch.setattr(ev, "generate", fake_generate)
+    settings = ev.EvalSettings(k=2, rounds=1)
+    with ev.MathVerifier() as verifier:
+        result = ev.run_self_correct(None, None, [Problem("p", "What is 1 + 1?", "2")], settings, verifier)
+    assert result.metrics["reflection_fallbacks"] == 2 and result.metrics["mean@2"] == 1.0
+    assert all("Earlier attempt" not in prompt for prompt in calls[1])  # nothing to reflect on: the plain prompt

@@ -10,12 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanpo.feedback import (
-    LeakageError,
-    build_abstraction_prompt,
-    build_reflection_prompt,
-    leakage_problems,
-)
+from audit import leakage_problems
+from lanpo.feedback import build_abstraction_prompt, build_reflection_prompt, clean_lessons
 from lanpo.pool import PoolEntry
 from lanpo.prompts import format_summary, parse_summary
 from lanpo.summarize import Trial, summarize_trials
@@ -23,7 +19,7 @@ from lanpo.summarize import Trial, summarize_trials
 
 def test_reflection_prompt_shows_the_attempt_and_nothing_about_its_grade():
     attempt = "3 + 4 = 8, so the answer is \\boxed{8}."
-    text = build_reflection_prompt("What is 3 + 4?", [attempt], gold="7")[0]["content"]
+    text = build_reflection_prompt("What is 3 + 4?", [attempt]).messages[0]["content"]
     assert attempt in text and "\\boxed{}" in text
     assert not leakage_problems(text, "7", ["What is 3 + 4?", attempt])
     for word in ("reward", "correct", "wrong", "gold", "7"):
@@ -32,43 +28,47 @@ def test_reflection_prompt_shows_the_attempt_and_nothing_about_its_grade():
 
 def test_reflection_keeps_what_the_model_itself_wrote():
     attempt = "I think the correct answer is 7. Reward me!"  # the model's own words may say anything
-    text = build_reflection_prompt("What is 3 + 4?", [attempt], gold="7")[0]["content"]
-    assert attempt in text
+    assert attempt in build_reflection_prompt("What is 3 + 4?", [attempt]).messages[0]["content"]
 
 
-def test_reflection_needs_an_attempt():
-    with pytest.raises(ValueError):
-        build_reflection_prompt("p", ["  "])
+def test_without_an_attempt_reflection_falls_back_with_a_reason_instead_of_raising():
+    result = build_reflection_prompt("p", ["  ", ""])
+    assert result.messages is None and result.reason == "no_attempt"
+
+
+def test_no_builder_ever_receives_a_gold_answer():
+    import inspect
+
+    for builder in (build_reflection_prompt, build_abstraction_prompt):
+        assert not any("gold" in name or "answer" in name for name in inspect.signature(builder).parameters)
 
 
 def test_abstraction_uses_principles_and_pitfalls_only():
     entry = PoolEntry(problem_id="other", problem="What is 2 + 2?", flow_of_thought="add them up, get 4",
                       principles=["line up the digits", "the answer is \\boxed{4}"],
-                      pitfalls=["forgetting to carry", "answer 9 here"], id=5)
-    result = build_abstraction_prompt("What is 5 + 4?", [entry], gold="9", problem_id="mine")
+                      pitfalls=["forgetting to carry", "split into 9 cases here"], id=5)
+    result = build_abstraction_prompt("What is 5 + 4?", [entry], problem_id="mine")
     text = result.messages[0]["content"]
     assert "line up the digits" in text and "forgetting to carry" in text
     assert "What is 2 + 2?" not in text and "add them up" not in text  # no other problem, no raw solution
-    assert "\\boxed{4}" not in text and "answer 9 here" not in text  # no final answers, no current gold
-    assert result.dropped_lessons == 2 and result.used_entries == [5]
+    assert "\\boxed{4}" not in text  # no final answers
+    assert "split into 9 cases here" in text  # kept, whatever the current problem's gold: 9 would be a label leak
+    assert result.dropped_lessons == {"states_an_answer": 1} and result.used_entries == [5]
 
 
-def test_abstraction_refuses_the_same_problem_and_falls_back_when_nothing_is_left():
+def test_abstraction_skips_the_same_problem_and_falls_back_when_nothing_is_left():
     same = PoolEntry(problem_id="mine", problem="p", flow_of_thought="", principles=["x rule"], pitfalls=[])
-    with pytest.raises(LeakageError):
-        build_abstraction_prompt("p", [same], problem_id="mine")
-    empty = PoolEntry(problem_id="o", problem="p", flow_of_thought="", principles=["it is 9"], pitfalls=[])
-    assert build_abstraction_prompt("What is 4 + 5?", [empty], gold="9").messages is None
+    result = build_abstraction_prompt("p", [same], problem_id="mine")
+    assert result.messages is None and result.reason == "no_usable_lesson" and result.dropped_lessons["same_problem"]
+    assert build_abstraction_prompt("What is 4 + 5?", []).reason == "no_relevant_entry"
 
 
-def test_guard_spots_gold_answers_and_grades():
-    assert leakage_problems("the answer is 12", "12")
-    assert not leakage_problems("there are 120 ways", "12")  # a number must stand alone
-    assert leakage_problems("reward: 1.0", None)
-    assert leakage_problems("Your attempt was incorrect.", None)
-    assert leakage_problems("[CORRECT]", None)
-    assert leakage_problems("x = \\frac{1}{2}", "\\frac{1}{2}")
-    assert not leakage_problems("check each step for errors", "5")
+def test_lessons_are_scrubbed_of_their_own_answer_in_every_form_and_answer_only_lessons_go():
+    lessons = ["the total is 14/2 here", "it equals seven", "count \uff17 items", "use \\frac{14}{2}",
+               "the sum is 7.0", "add the tens first", "7", "x = 7", "there are 17 cases", "y = 42"]
+    kept, dropped = clean_lessons(lessons, ["7"])
+    assert kept == ["add the tens first", "there are 17 cases"]
+    assert dropped["states_its_answer"] == 7 and dropped["answer_only"] == 1  # "y = 42": only an answer
 
 
 # -- property test: whatever the model wrote and whatever other entries say, a context never leaks -----------------
@@ -78,20 +78,22 @@ words = st.text(alphabet=string.ascii_letters + string.digits + " +-=.,", min_si
 
 @settings(max_examples=200, deadline=None)
 @given(gold=st.integers(min_value=0, max_value=999).map(str), attempt=words,
-       lessons=st.lists(st.one_of(words, st.sampled_from(["reward: 1", "the answer was correct", "it is {gold}",
-                                                           "gold answer {gold}", "\\boxed{{{gold}}}"])),
+       lessons=st.lists(st.one_of(words, st.sampled_from(["reward: 1", "the answer was correct", "the answer is 5",
+                                                           "gold answer here", "\\boxed{{3}}"])),
                         min_size=1, max_size=6))
-def test_no_feedback_context_ever_leaks(gold, attempt, lessons):
+def test_no_feedback_context_talks_about_grades_or_states_an_answer(gold, attempt, lessons):
     problem = "What is the value?"
-    lessons = [x.format(gold=gold) for x in lessons]
     entries = [PoolEntry(problem_id=f"o{i}", problem="other", flow_of_thought="", principles=[x], pitfalls=[x])
                for i, x in enumerate(lessons)]
-    result = build_abstraction_prompt(problem, entries, gold=gold, problem_id="me")
+    result = build_abstraction_prompt(problem, entries, problem_id="me")
     if result.messages is not None:
-        assert not leakage_problems(result.messages[0]["content"], gold, [problem])
+        text = result.messages[0]["content"]
+        assert not leakage_problems(text, None, [problem]) and "\\boxed{3}" not in text
+    context = build_reflection_prompt(problem, [attempt])
     if attempt.strip():
-        text = build_reflection_prompt(problem, [attempt], gold=gold)[0]["content"]
-        assert not leakage_problems(text, gold, [problem, attempt])
+        assert not leakage_problems(context.messages[0]["content"], None, [problem, attempt])
+    else:
+        assert context.messages is None
 
 
 # -- the summary parser ---------------------------------------------------------------------------------------------
@@ -178,7 +180,7 @@ def test_real_gsm8k_contexts_show_no_gold_no_reward_and_only_lessons_of_other_pr
     problems = load_problems("gsm8k", data_dir=shared_data, limit=40)
     target, others = problems[0], problems[1:]
     wrong = f"Let me compute step by step. The total is {int(float(target.answer)) + 1}. \\boxed{{{int(float(target.answer)) + 1}}}"
-    reflection = build_reflection_prompt(target.problem, [wrong], gold=target.answer)[0]["content"]
+    reflection = build_reflection_prompt(target.problem, [wrong]).messages[0]["content"]
     assert wrong in reflection
     outside = reflection.replace(wrong, "").replace(target.problem, "")
     assert not re.search(rf"(?<!\d){re.escape(target.answer)}(?!\d)", outside)
@@ -187,7 +189,7 @@ def test_real_gsm8k_contexts_show_no_gold_no_reward_and_only_lessons_of_other_pr
     entries = [PoolEntry(problem_id=p.id, problem=p.problem, flow_of_thought=f"solve it to get {p.answer}",
                          principles=[f"principle of {p.id}", f"its answer is {p.answer}"],
                          pitfalls=[f"pitfall of {p.id}"]) for p in others[:5]]
-    text = build_abstraction_prompt(target.problem, entries, gold=target.answer, problem_id=target.id).messages
+    text = build_abstraction_prompt(target.problem, entries, problem_id=target.id).messages
     text = text[0]["content"]
     for p in others[:5]:
         assert f"principle of {p.id}" in text and f"pitfall of {p.id}" in text

@@ -9,8 +9,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from audit import leakage_problems
 from lanpo.data import builtin_arith
-from lanpo.feedback import LABEL_TALK, leakage_problems
+from lanpo.feedback import LABEL_TALK
 from lanpo.prompts import SUMMARY_PREFILL, parse_summary
 from lanpo.sft_data import EndpointTeacher, build_sft_data
 
@@ -78,8 +79,8 @@ def test_builder_keeps_verified_parsed_examples_and_reports_drops(tmp_path):
             attempt = prompt.split("### Earlier attempt\n", 1)[1].split("\n\nFirst, review")[0]
             assert not leakage_problems(prompt, problem.answer, [problem.problem, attempt])
             assert not LABEL_TALK.search(reply)
-        if e["skill"] == "feedback":
-            assert not leakage_problems(prompt, problem.answer, [problem.problem])
+        if e["skill"] == "feedback":  # lessons of other problems: never a grade (their values are theirs)
+            assert not leakage_problems(prompt, None, [problem.problem])
     assert report.dropped["reflect"].get("reply talks about rewards or reference answers", 0) >= 0
     assert report.as_dict()["kept"] == kept
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from audit import leakage_problems
 from lanpo.config import LanpoConfig
 from lanpo.data import builtin_arith, to_prompt_dataset
-from lanpo.feedback import LeakageError, leakage_problems
 from lanpo.models import load_tokenizer
 from lanpo.rewards import completion_text
 
@@ -119,8 +119,9 @@ def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live
 
     monkeypatch.setattr(lanpo.prompts, "REFLECTION_TEMPLATE", lanpo.prompts.REFLECTION_TEMPLATE + "\nreward: 1.0")
     leaky = make_trainer(tiny_model_dir, tmp_path, "leaky", feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
-    with pytest.raises(LeakageError):
-        leaky.train()
+    leaky.train()  # a context that cannot be built never stops a run: the row falls back, counted with a reason
+    assert not any(r.has_feedback for r in leaky._rows)
+    assert history(leaky, "lanpo/fallback/label_talk_in_template") == [1.0]
 
 
 def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
@@ -251,3 +252,21 @@ def test_strip_weights_never_exceed_the_clip(tiny_model_dir, tmp_path):
     trainer.train()
     means = history(trainer, "lanpo/strip_weight_mean")
     assert means and all(0 < m <= 1.5 for m in means)
+
+
+def test_training_on_math_problems_with_letter_golds_never_stops_on_feedback(tiny_model_dir, tmp_path, shared_data):
+    """7 of MATH train's golds are letters or words ("B", "x", "no") that the old leakage guard found in its own
+    template text and raised on; label-free builders have nothing to find."""
+    from lanpo.data import load_problems
+    from lanpo.trainer import LanpoTrainer
+
+    problems = [p for p in load_problems("math", split="train", data_dir=shared_data)
+                if p.answer.strip("$() ").isalpha() and len(p.answer.strip("$() ")) <= 3][:8]
+    assert len(problems) >= 4
+    args = LanpoConfig(**common(tmp_path, "letters", max_steps=3, per_device_train_batch_size=8),
+                       relevance_scorer="bm25", relevance_threshold=0.0, feedback_ratio=0.75)
+    trainer = LanpoTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args,
+                           train_dataset=to_prompt_dataset(problems), processing_class=load_tokenizer(str(tiny_model_dir)))
+    stub_summaries(trainer)
+    trainer.train()
+    assert max(history(trainer, "lanpo/feedback_share")) > 0

@@ -16,7 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lanpo.answers import extract_answer, names_several_values, numbers_match, to_number
+from lanpo.answers import extract_answer, names_several_values
+from lanpo.numbers import numbers_match, to_number
 from lanpo.rewards import MathVerifier
 
 LIMIT = 1.0

@@ -20,179 +20,11 @@ In both modes a completion that boxes several different values has no answer (a 
 from __future__ import annotations
 
 import re
-import unicodedata
-from decimal import Decimal, localcontext
-from fractions import Fraction
+
+from .numbers import clean, numbers_match, to_number, word_number, written_numbers
 
 EXTRACTION_MODES = ("strict", "lenient")
 _ALIASES = {"boxed": "strict"}  # the name of `strict` before 0.2
-
-# -- characters ------------------------------------------------------------------------------------------------
-
-_MINUS = "\u2212\u2013\u2012\u2010\ufe63\uff0d"  # minus sign, en dash, figure dash, hyphen, small/fullwidth minus
-
-
-def _digit_table() -> dict[int, str]:
-    table = {ord(c): "-" for c in _MINUS}
-    for code in range(0x80, 0x10000):
-        char = chr(code)
-        if unicodedata.category(char) == "Nd":
-            table[code] = str(unicodedata.digit(char))
-    table.update({0x00D7: "\\times ", 0x22C5: "\\cdot ", 0x00A0: " ", 0x202F: " ", 0x2009: " ", 0x0000: ""})
-    return table
-
-
-_TABLE = _digit_table()
-
-
-_BARE_FRAC = re.compile(r"\\([dt]?frac)[ \t]*(\\[A-Za-z]+|[0-9A-Za-z])[ \t]*(\\[A-Za-z]+|[0-9A-Za-z])")
-
-
-def clean(text: str) -> str:
-    """Unicode digits (``７``), minus signs (U+2212) and ``×`` in ASCII/LaTeX form, NUL bytes removed, and
-    brace-less fractions braced (``\\frac\\pi 2`` → ``\\frac{\\pi}{2}``: math-verify misreads the bare form)."""
-    return _BARE_FRAC.sub(r"\\\1{\2}{\3}", text.translate(_TABLE))
-
-
-_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
-
-
-def strip_thousands(text: str) -> str:
-    """``1,234,567.5`` → ``1234567.5``; anything that is not such a number comes back unchanged."""
-    return text.replace(",", "") if _THOUSANDS.fullmatch(text) else text
-
-
-# -- numbers ---------------------------------------------------------------------------------------------------
-
-_DECIMAL = re.compile(r"([+-]?)(\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)?(?:\.(\d+))?(?:[eE]([+-]?\d{1,4}))?")
-_POWER = re.compile(r"(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,4})\s*\}|([+-]?\d{1,4}))")
-_WRAPPERS = re.compile(r"\\?\$|\\[,!;: ]|\\left|\\right|\\mathrm\{\s*\}|\\text\{\s*\}")
-MAX_EXPONENT = 1000  # beyond this a number is left to math-verify (within its time limit)
-_INT_POWER = re.compile(r"(\d{1,6})\s*\^\s*(?:\{\s*([+-]?\d{1,5})\s*\}|(\d))")
-MAX_DEPTH = 64
-
-
-def _strip(text: str) -> str:
-    return _WRAPPERS.sub("", text).strip().rstrip(".").strip()
-
-
-def _decimal(text: str) -> tuple[Fraction, int | None] | None:
-    """``(value, significant digits)`` of ``12``, ``-0.5``, ``1,234``, ``4.5e33``, ``4.5 \\times 10^{33}``;
-    significant digits are ``None`` for integers written without a decimal point or exponent (exact)."""
-    power = _POWER.search(text)
-    exponent = 0
-    if power:
-        if text[power.end():].strip():
-            return None
-        exponent = int(power.group(1) or power.group(2))
-        text = text[:power.start()].strip() or "1"
-    match = _DECIMAL.fullmatch(text)
-    if not match or not (match.group(2) or match.group(3)):
-        return None
-    sign, whole, frac, exp = match.groups()
-    whole = (whole or "0").replace(",", "").replace(" ", "")
-    frac = frac or ""
-    exponent += int(exp) if exp else 0
-    if abs(exponent) > MAX_EXPONENT:
-        return None
-    value = Fraction(int(whole + frac), 10 ** len(frac)) * Fraction(10) ** exponent
-    value = -value if sign == "-" else value
-    if not frac and not exp and not power:
-        return value, None
-    digits = (whole + frac).lstrip("0")
-    return value, max(1, len(digits)) if digits else None
-
-
-def _braced(text: str, start: int) -> int:
-    """Index just past the brace group opening at ``text[start] == "{"`` (-1 if unbalanced)."""
-    depth = 0
-    for i in range(start, len(text)):
-        depth += {"{": 1, "}": -1}.get(text[i], 0)
-        if depth == 0:
-            return i + 1
-    return -1
-
-
-def _number(text: str, depth: int = 0) -> tuple[Fraction, int | None] | None:
-    if depth > MAX_DEPTH:
-        return None
-    text = _strip(text)
-    for _ in range(4):  # {5}, {{5}}: a few levels (each check is linear)
-        if not (text.startswith("{") and _braced(text, 0) == len(text)):
-            break
-        text = text[1:-1].strip()
-    if text.startswith("(") and text.endswith(")") and "(" not in text[1:-1] and "," not in text:
-        text = text[1:-1].strip()
-    sign = -1 if text.startswith("-") and text[1:2] in ("\\", "{", "(") else 1
-    body = text[1:].strip() if sign < 0 else text
-    for command in ("\\frac", "\\dfrac", "\\tfrac"):
-        if body.startswith(command):
-            first = len(command)
-            while first < len(body) and body[first] == " ":
-                first += 1
-            if first >= len(body) or body[first] != "{":
-                return None
-            middle = _braced(body, first)
-            if middle < 0 or middle >= len(body) or body[middle] != "{" or _braced(body, middle) != len(body):
-                return None
-            top, bottom = _number(body[first + 1:middle - 1], depth + 1), _number(body[middle + 1:-1], depth + 1)
-            if top is None or bottom is None or bottom[0] == 0:
-                return None
-            return sign * top[0] / bottom[0], None
-    power = _INT_POWER.fullmatch(text)
-    if power:  # 2^{98}: exact, so 1/2^98 and 2/2^98 never look equal (math-verify rounds to 6 places)
-        base, exponent = _decimal(power.group(1)), int(power.group(2) or power.group(3))
-        if base is None or base[1] is not None or abs(exponent) * len(power.group(1)) > 4 * MAX_EXPONENT or \
-                (base[0] == 0 and exponent < 0):
-            return None
-        return base[0] ** exponent, None
-    if "/" in text and text.count("/") == 1:
-        top, bottom = (_number(part, depth + 1) for part in text.split("/"))
-        if top is None or bottom is None or bottom[0] == 0 or top[1] or bottom[1]:
-            return None
-        return top[0] / bottom[0], None
-    return _decimal(text)
-
-
-def to_number(text: str) -> Fraction | None:
-    """The exact value of a plain number written in ``text`` (integer, decimal, ``1,234``, ``4.5e33``,
-    ``4.5 \\times 10^{33}``, ``a/b``, nested ``\\frac``), else ``None`` (an expression, a unit, a percent)."""
-    if not isinstance(text, str) or len(text) > 2000 or "%" in text:
-        return None
-    parsed = _number(clean(text))
-    return parsed[0] if parsed else None
-
-
-def _round_sig(value: Fraction, digits: int) -> Decimal:
-    with localcontext() as ctx:
-        ctx.prec = max(digits, 1) + 50
-        exact = Decimal(value.numerator) / Decimal(value.denominator)
-        if exact == 0:
-            return exact
-        ctx.prec = digits
-        return +exact
-
-
-def numbers_match(gold: str, prediction: str) -> bool | None:
-    """Whether two plain numbers agree (``None`` when either is not a plain number).
-
-    Tolerance policy: equal values always match (``0.5`` = ``1/2`` = ``5e-1``). A decimal is taken as rounded to
-    the digits it is written with: two numbers match when they agree to the precision of the less precise one,
-    and that precision is at least 2 significant digits (``0.67`` and ``2/3`` match ``0.6666666667``; ``3`` does
-    not match ``2.5``; ``2.7779e-6`` does not match ``2.7778e-6``). An integer gold matches its exact value only.
-    """
-    if len(gold) > 2000 or len(prediction) > 2000 or "%" in gold or "%" in prediction:
-        return None
-    g, p = _number(clean(gold)), _number(clean(prediction))
-    if g is None or p is None:
-        return None
-    if g[0] == p[0]:
-        return True
-    if g[1] is None and (p[1] is None or g[0].denominator == 1):
-        return False
-    digits = min(d for d in (g[1], p[1]) if d is not None)
-    return digits >= 2 and _round_sig(g[0], digits) == _round_sig(p[0], digits)
-
 
 # -- gold answers ----------------------------------------------------------------------------------------------
 
@@ -406,3 +238,35 @@ def names_several_values(prediction: str, gold: str) -> bool:
     if len(set(gold_values)) <= 1:  # one value: restating it is fine (1/2 = 0.5), a second one is a hedge
         return len(set(predicted)) > 1
     return len(predicted) > len(gold_values)  # a list: no more items than the gold has
+
+
+# -- whether a text states an answer (for scrubbing lessons of their source problem's answer) ------------------
+
+def mentions_answer(text: str, answer: str) -> bool:
+    """Whether ``text`` states ``answer`` in any equivalent form: ``7`` as ``14/2``, ``7.0``, ``seven``, ``７``,
+    ``\\frac{14}{2}``; ``1000`` as ``1 000`` or ``10^3``; ``0.5`` as ``.5`` or ``one half``; ``-3`` with U+2212.
+    A non-numeric answer is matched as written (spacing, braces and ``\\text`` aside); a one-letter answer (a
+    choice) only as a choice: ``(B)``, ``option B``, ``answer B``."""
+    answer = normalize_gold(answer)
+    if not answer:
+        return False
+    if to_number(answer) is not None:
+        for span in written_numbers(text):
+            word_value = word_number(span) if span[:1].isalpha() else None
+            if numbers_match(answer, span) or (word_value is not None and word_value == to_number(answer)):
+                return True
+        return False
+    bare = re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", answer).strip("() ")
+    if re.fullmatch(r"[A-Za-z]", bare):
+        return bool(re.search(rf"\(\s*{bare}\s*\)|\b(?:option|choice|answer)\s*(?:is\s*)?:?\s*\(?{bare}\b", text))
+    squash = lambda s: re.sub(r"\\text|\\mathrm|\\left|\\right|[\s{}$]|\\[,!;: ]", "", clean(s))  # noqa: E731
+    key = squash(answer)
+    if not key:
+        return False
+    if key.isalpha():
+        return bool(re.search(rf"\b{re.escape(key)}\b", squash_words(text), re.IGNORECASE))
+    return key in squash(text)
+
+
+def squash_words(text: str) -> str:
+    return re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", clean(text))

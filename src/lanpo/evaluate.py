@@ -182,7 +182,7 @@ def run_retrieval(model, tokenizer, problems, settings, verifier, retriever: Ret
     for problem, hits in zip(problems, found):
         entries = [h.entry for h in hits if not _same_text(h.entry.problem, problem.problem)]
         self_excluded += len(hits) - len(entries)
-        result = build_abstraction_prompt(problem.problem, entries, gold=problem.answer, problem_id=problem.id)
+        result = build_abstraction_prompt(problem.problem, entries, problem_id=problem.id)
         prompts.append(result.messages or solve_messages(problem.problem))
         with_context += result.messages is not None
         extra.append({"context": result.messages is not None, "pool_entries": result.used_entries,
@@ -206,11 +206,12 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
                      progress="self-correct r0", **decoding)
     chains = [[[s] for s in row] for row in first]  # problem -> sample -> attempts
     per_round = [summarize_scores(_score(verifier, problems, first), first)[f"mean@{k}"]]
-    last_prompts = None
+    last_prompts, fallbacks = None, 0
     for r in range(settings.rounds):
         flat = [(i, j) for i in range(len(problems)) for j in range(k)]
-        prompts = [build_reflection_prompt(problems[i].problem, [chains[i][j][-1].text], gold=problems[i].answer)
-                   for i, j in flat]
+        contexts = [build_reflection_prompt(problems[i].problem, [chains[i][j][-1].text]) for i, j in flat]
+        fallbacks += sum(c.messages is None for c in contexts)  # nothing to reflect on: a fresh attempt
+        prompts = [c.messages or solve_messages(problems[i].problem) for c, (i, _) in zip(contexts, flat)]
         new = generate(model, tokenizer, prompts, n=1, progress=f"self-correct r{r + 1}", **decoding)
         for (i, j), sample in zip(flat, new):
             chains[i][j].append(sample[0])
@@ -222,6 +223,7 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
     metrics = summarize_scores(scores, final)
     for r, value in enumerate(per_round):
         metrics[f"mean@{k}_round{r}"] = value
+    metrics["reflection_fallbacks"] = fallbacks
     extra = [{"rounds": [[{"text": s.text, "tokens": s.num_tokens} for s in chain] for chain in row]}
              for row in chains]
     prompts = last_prompts or [solve_messages(p.problem) for p in problems]

@@ -1,32 +1,29 @@
-"""Language feedback contexts, and the guard that keeps labels out of them.
+"""Language feedback contexts, label-free by construction.
 
 * :func:`build_reflection_prompt` — **reward-agnostic reflection**: the model's own earlier attempt(s) at the
   same problem, with no reward, no correctness and no gold answer; it critiques them, then solves anew.
 * :func:`build_abstraction_prompt` — **relevant abstraction**: principles and pitfalls of pool entries of
   *other* problems (never their solutions or final answers); it first analyzes which apply, then solves.
 
-Both pass through :func:`leakage_problems`: outside the model's own attempts, a feedback context may not
-contain the current problem's gold answer or any reward / correctness marker. Abstraction lessons that would
-break the rule are dropped (and counted); a reflection context that breaks it raises, because nothing but a
-bug in lanpo could put a label there.
+Neither builder receives the current problem's gold answer, so no context can depend on it. Lessons were
+scrubbed of their *own* problem's answer, in every equivalent form, when they were summarized
+(:func:`clean_lessons` in ``lanpo.summarize``). A context that cannot be built is ``None`` with a reason — the
+caller falls back to the plain prompt and counts it — never an exception in the middle of a run.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .answers import mentions_answer
 from .pool import PoolEntry
 from .prompts import Messages, abstraction_text, clip, reflection_text, user
 
-
-class LeakageError(RuntimeError):
-    """A feedback context would have shown the model its label or a grade."""
-
-
-# Label talk: verdicts, grades and reference answers. A feedback context never says these about an attempt
-# (outside the model's own text), and an SFT reflection example that says them is not kept (lanpo.sft_data).
+# Label talk: verdicts, grades and reference answers. A feedback template never says these about an attempt,
+# and an SFT reflection example that says them is not kept (lanpo.sft_data).
 LABEL_TALK_PATTERNS = [
     r"\breward(?:s|ed)?\b",
     r"\bscore[sd]?\s*[:=]",
@@ -44,110 +41,84 @@ LABEL_TALK_PATTERNS = [
 ]
 LABEL_TALK = re.compile("|".join(LABEL_TALK_PATTERNS), re.IGNORECASE)
 
-
-def answer_forms(gold: str) -> list[str]:
-    """Ways a gold answer could be written in text: as given, without ``$``/spaces, and numeric variants."""
-    gold = str(gold).strip().strip("$").strip()
-    forms = {gold, re.sub(r"\s+", "", gold)}
-    plain = gold.replace(",", "")
-    if re.fullmatch(r"-?\d+(?:\.\d+)?", plain):
-        value = float(plain)
-        forms |= {plain, f"{value:g}"}
-        if value.is_integer():
-            forms |= {str(int(value)), f"{int(value):,}"}
-    return sorted((f for f in forms if f), key=len, reverse=True)
-
-
-def _contains_answer(text: str, gold: str) -> bool:
-    for form in answer_forms(gold):
-        # A number must stand alone (7 is not inside 17 or 7.5); other answers match as written.
-        if re.fullmatch(r"-?[\d,.]+", form):
-            if re.search(rf"(?<![\d.,]){re.escape(form)}(?![\d]|[.,]\d)", text):
-                return True
-        elif form in text or form in re.sub(r"\s+", "", text):
-            return True
-    return False
-
-
-def leakage_problems(context: str, gold: str | None, allowed: Sequence[str] = ()) -> list[str]:
-    """Reasons a feedback context leaks (empty when it is safe).
-
-    ``allowed`` texts are cut out first: the problem statement (every prompt shows it) and the model's own
-    attempts (what the model wrote itself it may see again).
-    """
-    rest = context
-    for text in sorted(allowed, key=len, reverse=True):
-        for variant in {text, text.strip(), clip(text)}:
-            if variant:
-                rest = rest.replace(variant, " ")
-    problems = []
-    if gold is not None and str(gold).strip() and _contains_answer(rest, gold):
-        problems.append(f"contains the gold answer {gold!r}")
-    marker = LABEL_TALK.search(rest)
-    if marker:
-        problems.append(f"contains the grading marker {marker.group(0)!r}")
-    return problems
-
-
-def build_reflection_prompt(problem: str, own_attempts: Sequence[str], gold: str | None = None) -> Messages:
-    """The reward-agnostic reflection prompt for ``problem`` given the model's own earlier attempt(s).
-
-    ``gold`` is only used to *check* the context (pass it whenever it is known); it is never shown.
-    """
-    attempts = [a for a in own_attempts if a and a.strip()]
-    text = reflection_text(problem, attempts)
-    problems = leakage_problems(text, gold, [problem, *attempts])
-    if problems:
-        raise LeakageError(f"Reflection context for {problem[:60]!r} {'; '.join(problems)}.")
-    return user(text)
-
-
-@dataclass
-class AbstractionResult:
-    messages: Messages | None  # None when no lesson survived: the caller falls back to a plain prompt
-    used_entries: list[int] = field(default_factory=list)
-    dropped_lessons: int = 0
-
-
-# A lesson that states an answer ("the answer is 3", "\boxed{3}") is a solution, not a principle: whatever
-# problem it came from, it never reaches a prompt.
+# A lesson that states an answer ("the answer is 3", "\boxed{3}") is a solution, not a principle.
 ANSWER_STATEMENT = re.compile(r"\\boxed|\b(?:final\s+)?answers?\s*(?:is|was|are|were|=|:)", re.IGNORECASE)
 
 
-def clean_lessons(items: Sequence[str], gold: str | None) -> tuple[list[str], int]:
-    """Keep lessons that state no answer (of any problem), no current gold answer and no grading marker."""
-    kept, dropped = [], 0
+@dataclass
+class Context:
+    """A feedback prompt, or ``None`` with the reason it could not be built (the row falls back to scratch)."""
+
+    messages: Messages | None
+    reason: str = ""
+    used_entries: list[int] = field(default_factory=list)
+    dropped_lessons: Counter = field(default_factory=Counter)
+
+
+def _template_talks_about_labels(text: str, own_texts: Iterable[str]) -> bool:
+    """Label talk in a context outside the texts it quotes (the problem, the model's own attempts)."""
+    rest = text
+    for quoted in sorted(own_texts, key=len, reverse=True):
+        rest = rest.replace(quoted.strip(), " ")
+    return bool(LABEL_TALK.search(rest))
+
+
+def build_reflection_prompt(problem: str, own_attempts: Sequence[str]) -> Context:
+    """The reward-agnostic reflection prompt for ``problem`` given the model's own earlier attempt(s)."""
+    attempts = [a for a in own_attempts if isinstance(a, str) and a.strip()]
+    if not attempts:
+        return Context(None, "no_attempt")
+    text = reflection_text(problem, attempts)
+    if _template_talks_about_labels(text, [problem, *(clip(a) for a in attempts)]):
+        return Context(None, "label_talk_in_template")
+    return Context(user(text))
+
+
+def clean_lessons(items: Sequence[str], source_answers: Iterable[str] = ()) -> tuple[list[str], Counter]:
+    """Lessons fit to show another problem: none that states an answer, talks about grades, states one of
+    ``source_answers`` (its own problem's gold and final answer) in any form, or is only an answer."""
+    kept, dropped = [], Counter()
+    answers = [a for a in source_answers if a is not None and str(a).strip()]
     for item in items:
-        item = item.strip()
-        if not item or ANSWER_STATEMENT.search(item) or leakage_problems(item, gold):
-            dropped += 1
+        item = item.strip() if isinstance(item, str) else ""
+        if not item:
+            reason = "empty"
+        elif ANSWER_STATEMENT.search(item):
+            reason = "states_an_answer"
+        elif LABEL_TALK.search(item):
+            reason = "label_talk"
+        elif any(mentions_answer(item, a) for a in answers):
+            reason = "states_its_answer"
+        elif not re.search(r"[A-Za-z]{3,}", item):
+            reason = "answer_only"
+        else:
+            kept.append(item)
             continue
-        kept.append(item)
+        dropped[reason] += 1
     return kept, dropped
 
 
-def build_abstraction_prompt(problem: str, entries: Sequence[PoolEntry], gold: str | None = None,
-                             problem_id: str | None = None) -> AbstractionResult:
+def build_abstraction_prompt(problem: str, entries: Sequence[PoolEntry], problem_id: str | None = None) -> Context:
     """The relevant-abstraction prompt: principles and pitfalls of entries from *other* problems.
 
-    Entries of the same problem (``problem_id``) are refused outright; lessons that would show the current
-    gold answer or a grade are dropped. Returns ``messages=None`` when nothing usable remains.
+    Entries of the same problem (``problem_id``) are skipped; lessons that state an answer or talk about grades
+    are dropped (entries may come from old or imported pools). ``None`` when nothing usable remains.
     """
-    lessons, used, dropped = [], [], 0
+    lessons, used, dropped = [], [], Counter()
     for entry in entries:
         if problem_id is not None and entry.problem_id == problem_id:
-            raise LeakageError(f"Abstraction for {problem_id} was given an entry of the same problem.")
-        principles, d1 = clean_lessons(entry.principles, gold)
-        pitfalls, d2 = clean_lessons(entry.pitfalls, gold)
+            dropped["same_problem"] += 1
+            continue
+        principles, d1 = clean_lessons(entry.principles)
+        pitfalls, d2 = clean_lessons(entry.pitfalls)
         dropped += d1 + d2
         if principles or pitfalls:
             lessons.append((principles, pitfalls))
             if entry.id is not None:
                 used.append(entry.id)
     if not lessons:
-        return AbstractionResult(None, [], dropped)
+        return Context(None, "no_relevant_entry" if not entries else "no_usable_lesson", [], dropped)
     text = abstraction_text(problem, lessons)
-    problems = leakage_problems(text, gold, [problem])
-    if problems:  # cannot happen after clean_lessons unless the template itself leaks
-        raise LeakageError(f"Abstraction context for {problem[:60]!r} {'; '.join(problems)}.")
-    return AbstractionResult(user(text), used, dropped)
+    if _template_talks_about_labels(text, [problem, *(x for pair in lessons for part in pair for x in part)]):
+        return Context(None, "label_talk_in_template", [], dropped)
+    return Context(user(text), "", used, dropped)

@@ -23,15 +23,8 @@ from collections import Counter
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
-from .answers import (
-    extraction_mode,
-    find_answer,
-    latex_number,
-    names_several_values,
-    normalize_gold,
-    numbers_match,
-    strip_thousands,
-)
+from .answers import extraction_mode, find_answer, latex_number, names_several_values, normalize_gold
+from .numbers import numbers_match, strip_thousands
 
 logger = logging.getLogger(__name__)
 

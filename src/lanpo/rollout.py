@@ -49,6 +49,7 @@ class Row:
     gold: str
     kind: str = "scratch"  # scratch | reflection | abstraction (what the plan asked for)
     context: Messages | None = None  # the feedback prompt actually used (None: plain prompt)
+    fallback: str = ""  # why a planned feedback row got the plain prompt (no_attempt, no_relevant_entry, ...)
     completion_ids: list[int] = field(default_factory=list)
     text: str = ""
     plain_ids: list[int] = field(default_factory=list)
@@ -101,12 +102,11 @@ def attach_abstractions(rows: list[Row], g: int, retriever: Retriever, counts: C
     with judge or nullcontext():
         found = retriever.retrieve_many([(rows[s].problem_id, rows[s].problem) for s in groups])
     for s, hits in zip(groups, found):
-        result = build_abstraction_prompt(rows[s].problem, [h.entry for h in hits], gold=rows[s].gold,
-                                          problem_id=rows[s].problem_id)
-        counts["lessons_dropped"] += result.dropped_lessons
+        result = build_abstraction_prompt(rows[s].problem, [h.entry for h in hits], problem_id=rows[s].problem_id)
+        counts["lessons_dropped"] += sum(n for reason, n in result.dropped_lessons.items() if reason != "same_problem")
         for row in rows[s:s + g]:
             if row.kind == "abstraction":
-                row.context = result.messages
+                row.context, row.fallback = result.messages, result.reason
 
 
 def attach_reflections(group: list[Row], attempts: list[str], pool: ExperiencePool) -> None:
@@ -117,8 +117,8 @@ def attach_reflections(group: list[Row], attempts: list[str], pool: ExperiencePo
     if not attempts:
         attempts = [a.text for a in pool.attempts(group[0].problem_id) if a.text.strip()]
     for j, row in enumerate(reflecting):
-        if attempts:
-            row.context = build_reflection_prompt(row.problem, [attempts[j % len(attempts)]], gold=row.gold)
+        result = build_reflection_prompt(row.problem, [attempts[j % len(attempts)]] if attempts else [])
+        row.context, row.fallback = result.messages, result.reason
 
 
 def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:

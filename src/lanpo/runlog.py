@@ -32,7 +32,7 @@ class MetricsFileCallback(TrainerCallback):
 def row_record(row: Row, reward: float, correct: bool) -> tuple:
     """What step metrics need of one row (small, so every process can gather every row's)."""
     extra = len(row.context_ids) - len(row.plain_ids) if row.context_ids is not None else 0
-    return row.kind, row.has_feedback, float(reward), bool(correct), extra
+    return row.kind, row.has_feedback, float(reward), bool(correct), extra, row.fallback
 
 
 def feedback_metrics(records: Sequence[tuple], feedback_ratio: float) -> dict[str, float]:
@@ -42,6 +42,9 @@ def feedback_metrics(records: Sequence[tuple], feedback_ratio: float) -> dict[st
     metrics = {"lanpo/feedback_ratio": feedback_ratio,
                "lanpo/feedback_share": len(with_feedback) / len(records),
                "lanpo/fallback_share": sum(not x[1] for x in planned) / len(planned) if planned else 0.0}
+    for reason in sorted({x[5] for x in planned if not x[1]}):  # why planned feedback fell back to scratch
+        metrics[f"lanpo/fallback/{reason or 'unknown'}"] = sum(x[5] == reason and not x[1] for x in planned) / \
+            len(planned)
     if with_feedback:
         metrics["lanpo/feedback_tokens_per_prompt"] = sum(x[4] for x in with_feedback) / len(with_feedback)
     groups = {"feedback": with_feedback, "scratch": [x for x in records if not x[1]],

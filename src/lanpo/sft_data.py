@@ -17,6 +17,7 @@ interrupted build resumes where it stopped.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -267,13 +268,13 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
     for p in capped("summarize", [p for p in batch if want("summarize", p) and not attempts[p.id]]):
         record(p, "summarize", None, "teacher wrote no attempt")
 
-    # 3. reflect: on a wrong attempt when there is one (else a right one), shown ungraded
+    # 3. reflect: on an attempt chosen without regard to its reward (choosing wrong ones would teach "a shown
+    # attempt is usually wrong": the reward leaking through the data), shown ungraded
     todo = capped("reflect", [p for p in batch if want("reflect", p) and attempts[p.id]])
     prompts = []
     for p in todo:
-        wrong = [a for a in attempts[p.id] if not a[1]]
-        attempt = (wrong or attempts[p.id])[0][0]
-        prompts.append(build_reflection_prompt(p.problem, [attempt], gold=p.answer))
+        choice = int(hashlib.sha1(p.id.encode()).hexdigest(), 16) % len(attempts[p.id])  # fixed per problem
+        prompts.append(build_reflection_prompt(p.problem, [attempts[p.id][choice][0]]).messages)
     _solve_skill("reflect", todo, prompts, teacher, verifier, tries, record, teacher_name, check_labels=True)
 
     # 4. feedback: lessons of other problems (the summaries made so far), then solve
@@ -281,7 +282,7 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
     found = retriever.retrieve_many([(p.id, p.problem) for p in todo]) if todo else []
     usable, prompts = [], []
     for p, hits in zip(todo, found):
-        result = build_abstraction_prompt(p.problem, [h.entry for h in hits], gold=p.answer, problem_id=p.id)
+        result = build_abstraction_prompt(p.problem, [h.entry for h in hits], problem_id=p.id)
         if result.messages is None:
             record(p, "feedback", None, "no lessons of other problems yet")
             continue

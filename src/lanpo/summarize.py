@@ -42,14 +42,12 @@ def entry_from_summary(trial: Trial, text: str, stats: Counter | None = None) ->
     if summary is None:
         stats["parse_failed"] += 1
         return None
-    own_answer = extract_answer(trial.completion, "lenient")
-    principles, pitfalls = summary.principles, summary.pitfalls
-    dropped = 0
-    for answer in {trial.gold, own_answer} - {None}:
-        principles, d1 = clean_lessons(principles, answer)
-        pitfalls, d2 = clean_lessons(pitfalls, answer)
-        dropped += d1 + d2
-    stats["lessons_dropped"] += dropped
+    answers = [trial.gold, extract_answer(trial.completion, "lenient", trial.problem)]
+    principles, d1 = clean_lessons(summary.principles, answers)
+    pitfalls, d2 = clean_lessons(summary.pitfalls, answers)
+    for reason, n in (d1 + d2).items():
+        stats["lessons_dropped"] += n
+        stats[f"lessons_dropped:{reason}"] += n
     if not (principles or pitfalls):
         stats["empty_after_cleaning"] += 1
         return None
