@@ -8,6 +8,7 @@ import threading
 import pytest
 
 from lanpo.pool import Attempt, ExperiencePool, PoolEntry, PoolError
+from lanpo.pool_io import export_jsonl, import_jsonl
 
 
 def entry(pid: str, i: int = 0, **kw) -> PoolEntry:
@@ -111,13 +112,14 @@ def test_export_import_round_trip_and_bad_lines_are_skipped(tmp_path):
     source.add([entry("a", 1, correct=False), entry("b", 2)])
     source.add_attempts([Attempt("a", "problem a", "my try")])
     exported = tmp_path / "pool.jsonl"
-    assert source.export_jsonl(exported) == 4  # header, 2 entries, 1 attempt
+    assert export_jsonl(source, exported) == 4  # header, 2 entries, 1 attempt
     with exported.open("a") as handle:
         handle.write("{broken\n")
         handle.write('{"type": "entry", "problem_id": "x"}\n')
     target = ExperiencePool()
-    counts = target.import_jsonl(exported)
-    assert counts == {"entries": 2, "attempts": 1, "skipped": 2}
+    counts = import_jsonl(target, exported)
+    assert {k: counts[k] for k in ("entries", "attempts", "skipped")} == {"entries": 2, "attempts": 1, "skipped": 2}
+    assert counts["bad_lines"][0].startswith("line 5") and "missing" in counts["bad_lines"][1]
     assert target.digest() == source.digest()
 
 
@@ -125,7 +127,7 @@ def test_import_of_a_newer_export_is_refused(tmp_path):
     path = tmp_path / "new.jsonl"
     path.write_text('{"type": "header", "schema_version": 99}\n')
     with pytest.raises(PoolError, match="newer"):
-        ExperiencePool().import_jsonl(path)
+        import_jsonl(ExperiencePool(), path)
 
 
 def test_backup_and_restore(tmp_path):

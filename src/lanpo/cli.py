@@ -11,6 +11,60 @@ from pathlib import Path
 
 from . import __version__
 
+# -- argument types: a bad value is refused while parsing, naming the flag and the value, before any model loads --
+
+def at_least(minimum: float, kind=int):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+    return parse
+
+
+def unit_interval(text: str) -> float:
+    value = at_least(0.0, float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def new_path(kind: str):
+    """An output path that is not already a thing of the other kind (a file where a folder goes, or the reverse)."""
+    def parse(text: str) -> str:
+        path = Path(text)
+        if kind == "dir" and path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a file; name a directory")
+        if kind == "file" and path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory; name a file")
+        if kind == "file" and path.parent.exists() and not path.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{path.parent} is a file, so {text} cannot be created")
+        return text
+    return parse
+
+
+def eval_modes(text: str) -> list[str]:
+    from .evaluate import MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {unknown or text!r}; choose from {', '.join(MODES)}")
+    return modes
+
+
+def skill_mix(text: str) -> list[float]:
+    try:
+        mix = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three numbers like 1,1,1, got {text!r}") from None
+    if len(mix) != 3 or any(m < 0 for m in mix) or not sum(mix):
+        raise argparse.ArgumentTypeError(f"needs three non-negative shares (summarize,reflect,feedback), got {text!r}")
+    return mix
+
 
 def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model: mean@k / pass@k in zero-shot, retrieval and self-correct modes",
@@ -23,24 +77,27 @@ def _eval_parser(sub) -> None:
                                     "a hub name (default: builtin:arith?split=test)")
     src.add_argument("--benchmarks", help="comma-separated benchmark names: " + ", ".join(_benchmarks()))
     _data_field_args(p)
-    p.add_argument("--limit", type=int, help="evaluate only the first N problems of each data set")
-    p.add_argument("--modes", default="zero-shot",
+    p.add_argument("--limit", type=at_least(1), help="evaluate only the first N problems of each data set")
+    p.add_argument("--modes", default=["zero-shot"], type=eval_modes,
                    help="comma-separated: zero-shot, retrieval, self-correct (default: zero-shot)")
     p.add_argument("--pool", help="retrieval mode: a run dir or pool file (opened read-only)")
-    p.add_argument("--rounds", type=int, default=1, help="self-correct: reflection rounds after the first attempt")
-    p.add_argument("--k", type=int, default=4, help="samples per problem (default 4)")
-    p.add_argument("--temperature", type=float, default=0.7, help="sampling temperature; 0 = greedy (default 0.7)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=32, help="rows per generate call (default 32)")
+    p.add_argument("--rounds", type=at_least(1), default=1, help="self-correct: reflection rounds after the first "
+                                                                   "attempt (default 1)")
+    p.add_argument("--k", type=at_least(1), default=4, help="samples per problem (default 4)")
+    p.add_argument("--temperature", type=at_least(0.0, float), default=0.7,
+                   help="sampling temperature; 0 = greedy (default 0.7)")
+    p.add_argument("--top-p", type=unit_interval, default=1.0)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=512)
+    p.add_argument("--batch-size", type=at_least(1), default=32, help="rows per generate call (default 32)")
     _extraction_arg(p)
     p.add_argument("--scorer", default=None, help="retrieval mode: relevance scorer (default: the pool run's)")
-    p.add_argument("--gamma", type=float, default=None, help="retrieval mode: relevance threshold γ")
-    p.add_argument("--top-k", type=int, default=None, help="retrieval mode: entries per prompt")
-    p.add_argument("--dtype", default="auto", help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
+    p.add_argument("--gamma", type=unit_interval, default=None, help="retrieval mode: relevance threshold γ")
+    p.add_argument("--top-k", type=at_least(1), default=None, help="retrieval mode: entries per prompt")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
+                   help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: GPU when present)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="output directory (default: runs/eval-<time>)")
+    p.add_argument("--out", type=new_path("dir"), help="output directory (default: runs/eval-<time>)")
     p.set_defaults(func=cmd_eval)
 
 
@@ -83,11 +140,15 @@ def _benchmarks() -> list[str]:
 def cmd_eval(args) -> int:
     from .data import load_problems
     from .evaluate import EvalSettings, evaluate, settings_dict, write_results
-    from .models import load_model
+    from .models import check_model_name, load_model
+    from .pool import ExperiencePool
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    modes = args.modes
     if "retrieval" in modes and not args.pool:
-        raise SystemExit("--modes retrieval needs --pool RUN_OR_FILE (the experience pool to retrieve from).")
+        raise ValueError("--modes retrieval needs --pool RUN_OR_FILE (the experience pool to retrieve from).")
+    if args.pool:  # a missing, corrupt or future-schema pool fails before the model loads
+        ExperiencePool(args.pool, readonly=True).close()
+    check_model_name(_model_path(args.model))
     specs = [b.strip() for b in args.benchmarks.split(",")] if args.benchmarks else \
         [args.data or "builtin:arith?split=test"]
     settings = EvalSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
@@ -127,31 +188,38 @@ def _pool_parser(sub) -> None:
     show = actions.add_parser("show", help="print entries (newest last)")
     show.add_argument("pool", metavar="RUN_OR_FILE")
     show.add_argument("--problem", help="only entries of this problem id")
-    show.add_argument("--limit", type=int, default=10, help="entries to print (default 10; 0 = all)")
+    show.add_argument("--limit", type=at_least(0), default=10, help="entries to print (default 10; 0 = all)")
     show.add_argument("--attempts", action="store_true", help="also print the stored raw attempts of --problem")
     export = actions.add_parser("export", help="write the pool as JSONL")
     export.add_argument("pool", metavar="RUN_OR_FILE")
-    export.add_argument("out", metavar="FILE.jsonl")
+    export.add_argument("out", metavar="FILE.jsonl", type=new_path("file"))
     imp = actions.add_parser("import", help="add the entries of a JSONL export (creates the pool if needed)")
     imp.add_argument("pool", metavar="RUN_OR_FILE")
     imp.add_argument("source", metavar="FILE.jsonl")
-    imp.add_argument("--cap", type=int, default=32, help="entries kept per problem (default 32)")
+    imp.add_argument("--cap", type=at_least(1), default=32, help="entries kept per problem (default 32)")
     p.set_defaults(func=cmd_pool)
 
 
 def cmd_pool(args) -> int:
-    from .pool import ExperiencePool, resolve_pool_path
+    from .pool import ExperiencePool, PoolError, resolve_pool_path
+    from .pool_io import export_jsonl, import_jsonl
 
     if args.action == "import":
+        source = Path(args.source)
+        if not source.is_file():
+            raise FileNotFoundError(f"No export to import at {source}.")
+        with source.open("rb") as handle:
+            if handle.read(16) == b"SQLite format 3\x00":
+                raise PoolError(f"{source} is a pool, not a JSONL export (were the two arguments swapped?).")
         with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:
-            counts = pool.import_jsonl(args.source)
+            counts = import_jsonl(pool, source)
         print(json.dumps({"pool": str(resolve_pool_path(args.pool)), **counts}, indent=2))
         return 0
     with ExperiencePool(args.pool, readonly=True) as pool:
         if args.action == "stats":
             print(json.dumps(pool.stats(), indent=2))
         elif args.action == "export":
-            lines = pool.export_jsonl(args.out)
+            lines = export_jsonl(pool, args.out)
             print(f"Wrote {lines} lines to {args.out}")
         else:
             entries = pool.entries(problem_id=args.problem)
@@ -178,7 +246,7 @@ def _compare_parser(sub) -> None:
                                    "several run directories, plus any evaluations stored in them.")
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each with metrics.jsonl)")
     p.add_argument("--names", help="comma-separated display names (default: directory names)")
-    p.add_argument("--out", help="output directory (default: runs/compare-<time>)")
+    p.add_argument("--out", type=new_path("dir"), help="output directory (default: runs/compare-<time>)")
     p.set_defaults(func=cmd_compare)
 
 
@@ -226,14 +294,16 @@ def _sft_data_parser(sub) -> None:
     p.add_argument("--api-key", help="bearer token for --teacher-url")
     p.add_argument("--data", default="builtin:arith", help="problems to build examples from (any data spec)")
     _data_field_args(p)
-    p.add_argument("--limit", type=int, help="use only the first N problems")
-    p.add_argument("--out", required=True, help="output JSONL (appended to; resumable)")
-    p.add_argument("--n", type=int, default=3000, help="examples to build in all (default 3000)")
-    p.add_argument("--mix", default="1,1,1", help="shares of summarize,reflect,feedback (default 1,1,1)")
-    p.add_argument("--tries", type=int, default=4, help="teacher samples per example before dropping it (default 4)")
-    p.add_argument("--batch-size", type=int, default=16, help="problems per round (default 16)")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--max-new-tokens", type=int, default=384)
+    p.add_argument("--limit", type=at_least(1), help="use only the first N problems")
+    p.add_argument("--out", required=True, type=new_path("file"), help="output JSONL (appended to; resumable)")
+    p.add_argument("--n", type=at_least(1), default=3000, help="examples to build in all (default 3000)")
+    p.add_argument("--mix", type=skill_mix, default=[1.0, 1.0, 1.0],
+                   help="shares of summarize,reflect,feedback (default 1,1,1)")
+    p.add_argument("--tries", type=at_least(1), default=4,
+                   help="teacher samples per example before dropping it (default 4)")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="problems per round (default 16)")
+    p.add_argument("--temperature", type=at_least(0.0, float), default=0.7)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=384)
     _extraction_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sft_data)
@@ -244,7 +314,7 @@ def cmd_sft_data(args) -> int:
     from .rewards import MathVerifier
     from .sft_data import EndpointTeacher, build_sft_data
 
-    mix = [float(x) for x in args.mix.split(",")]
+    mix = args.mix
     problems = load_problems(args.data, split=args.split, limit=args.limit, **_field_kwargs(args))
     if args.teacher_url:
         teacher = EndpointTeacher(args.teacher_url, args.teacher, temperature=args.temperature,
@@ -305,10 +375,13 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = rest
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, OSError, RuntimeError) as error:
+    except Exception as error:  # noqa: BLE001 - a command line shows a message, -v the traceback
         if args.verbose:
             raise
-        print(f"lanpo {args.command}: error: {error}", file=sys.stderr)
+        known = isinstance(error, ValueError | OSError | RuntimeError | KeyError) or type(error).__name__ in (
+            "YAMLError", "ScannerError", "ParserError")
+        detail = str(error) if known else f"{type(error).__name__}: {error} (an unexpected error: -v shows where)"
+        print(f"lanpo {args.command}: error: {detail}", file=sys.stderr)
         return 2
 
 

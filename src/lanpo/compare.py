@@ -28,11 +28,14 @@ def _evals(run: Path) -> dict[str, dict]:
 def compare(runs: list[str], out: str | Path, names: list[str] | None = None) -> Path:
     """Write ``compare.md`` and ``compare.png`` into ``out``; returns the markdown path."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     names = names or [Path(r).name for r in runs]
     if len(set(names)) != len(names):
         names = [f"{n} ({i})" for i, n in enumerate(names, 1)]
     metrics = {name: read_metrics(run) for name, run in zip(names, runs)}
+    empty = [run for name, run in zip(names, runs) if not metrics[name]]
+    if empty:
+        raise ValueError(f"No usable metrics lines in {', '.join(str(Path(r) / 'metrics.jsonl') for r in empty)}: "
+                         "is it a lanpo run that logged at least one step?")
     lines = ["# Run comparison", "",
              "Last-5-step means from each run's metrics.jsonl.", "",
              "| run | steps | p_t | accuracy scratch | accuracy feedback | reward scratch | reward feedback | "
@@ -59,6 +62,7 @@ def compare(runs: list[str], out: str | Path, names: list[str] | None = None) ->
                 mean = next((v for k, v in (m or {}).items() if k.startswith("mean@") and "_" not in k), None)
                 cells.append(fmt(mean))
             lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    out.mkdir(parents=True, exist_ok=True)
     png = plot_compare(metrics, out / "compare.png", keys=PLOT_KEYS)
     lines += ["", f"![comparison]({png.name})", ""]
     md = out / "compare.md"

@@ -154,6 +154,16 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"strip_ratio_clip must be > 0, got {self.strip_ratio_clip}.")
         if self.verify_time_limit <= 0:
             raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
+        for name in ("learning_rate", "temperature", "num_train_epochs"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
+        for name in ("max_completion_length", "per_device_train_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        if self.beta < 0:
+            raise ValueError(f"beta (the KL coefficient) must be >= 0, got {self.beta}.")
+        if self.max_steps == 0 or self.max_steps < -1:
+            raise ValueError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}.")
 
     def feedback_ratio_at(self, step: int) -> float:
         """p_t at optimizer step ``step`` under the configured schedule."""
@@ -173,8 +183,23 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     checkpointing. ``train`` and ``sft`` both parse their command lines here.
     """
     import torch
+    import yaml
     from trl import TrlParser
 
+    for i, arg in enumerate(argv):  # a config that is missing or not YAML fails with a message, not a traceback
+        path = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and \
+            i + 1 < len(argv) else None
+        if path is not None:
+            from pathlib import Path
+
+            if not Path(path).is_file():
+                raise FileNotFoundError(f"--config {path}: no such file.")
+            try:
+                loaded = yaml.safe_load(Path(path).read_text())
+            except yaml.YAMLError as error:
+                raise ValueError(f"--config {path} is not valid YAML: {error}") from None
+            if not isinstance(loaded, dict):
+                raise ValueError(f"--config {path} must hold a mapping of field: value, not {type(loaded).__name__}.")
     parser = TrlParser(dataclass_types)
     defaults = dict(defaults)
     if torch.cuda.is_available():

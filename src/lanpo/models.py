@@ -124,6 +124,17 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path  # a hub id
 
 
+def check_model_name(name_or_path: str) -> None:
+    """Fail fast, before anything heavy loads, on a local model path that does not exist."""
+    if name_or_path in EMBEDDED_MODELS:
+        return
+    path = Path(name_or_path).expanduser()
+    if name_or_path.startswith((".", "/", "~")) and not path.exists():
+        raise FileNotFoundError(f"No model at {name_or_path}.")
+    if path.is_file() and path.suffix != ".gguf":
+        raise ValueError(f"{name_or_path} is a file but not a .gguf model; pass a model directory or a hub id.")
+
+
 def default_device() -> str:
     if torch.cuda.is_available():
         return "cuda"

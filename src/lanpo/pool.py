@@ -5,15 +5,18 @@ metadata), capped per problem with the oldest evicted. ``attempts`` holds raw at
 for reward-agnostic reflection; attempts store text only, so no grading can travel with them.
 
 The file is a normal SQLite database in WAL mode: readers in other processes see consistent snapshots while
-training writes, each batch insert is one transaction, and a crash never leaves half a batch. A file this
-version does not understand (another schema version, another application, not SQLite at all) is refused with
-a message and never modified.
+training writes, each batch insert is one transaction (taken with the write lock, so concurrent writers never
+mix up ids), and a crash never leaves half a batch. A new pool is built under a temporary name and renamed into
+place, so a kill during creation leaves no half-made pool. A file this version does not understand (another
+schema version, another application, not SQLite at all, failing SQLite's integrity check) is refused with a
+message and never modified. Read-only opens and checkpoint copies leave no ``-wal``/``-shm`` files behind.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -54,15 +57,24 @@ class PoolEntry:
 
     @classmethod
     def from_dict(cls, data: dict) -> PoolEntry:
+        """An entry from a dict (an export line); a ``ValueError`` naming the field when one is unusable."""
         known = {f.name for f in fields(cls)}
         missing = {"problem_id", "problem", "flow_of_thought", "principles", "pitfalls"} - set(data)
         if missing:
-            raise ValueError(f"pool entry is missing {sorted(missing)}")
+            raise ValueError(f"missing field(s) {sorted(missing)}")
         entry = cls(**{k: v for k, v in data.items() if k in known})
         if not isinstance(entry.principles, list) or not isinstance(entry.pitfalls, list):
             raise ValueError("principles and pitfalls must be lists of strings")
         entry.principles = [str(p) for p in entry.principles]
         entry.pitfalls = [str(p) for p in entry.pitfalls]
+        for name, kind in (("step", int), ("reward", float), ("model_step", int), ("created", float)):
+            value = getattr(entry, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+                raise ValueError(f"field {name!r} must be a number, got {value!r}")
+            if value is not None:
+                setattr(entry, name, kind(value))
+        if not isinstance(entry.rollout_ids, list) or not isinstance(entry.correct, bool | None):
+            raise ValueError("field 'rollout_ids' must be a list and 'correct' true, false or null")
         return entry
 
 
@@ -143,20 +155,27 @@ class ExperiencePool:
             self.conn = sqlite3.connect(":memory:", check_same_thread=False)
             self._create()
             return
+        if self.path.is_dir():
+            raise PoolError(f"{self.path} is a directory, not a pool file.")
         exists = self.path.exists() and self.path.stat().st_size > 0
+        if exists and not readonly and self._unfinished():  # an older lanpo was killed while creating it
+            self.path.unlink()
+            exists = False
         if exists:
             self._check_header()
         elif readonly:
             raise FileNotFoundError(f"No experience pool at {self.path}.")
         else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        uri = f"file:{self.path}?mode=ro" if readonly else f"file:{self.path}"
+            if self.path.suffix.lower() in (".jsonl", ".json", ".yaml", ".yml", ".txt", ".csv", ".parquet"):
+                raise PoolError(f"{self.path} names a {self.path.suffix} file, not a pool: a pool is a run "
+                                "directory or a .sqlite file (were two arguments swapped?).")
+            self._create_file()
+        # No writer active (no -wal file): read the file as immutable, which leaves no -wal/-shm behind.
+        idle = not self.path.with_name(self.path.name + "-wal").exists()
+        uri = f"file:{self.path}?mode=ro" + ("&immutable=1" if idle else "") if readonly else f"file:{self.path}"
         try:
             self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
-            if exists:
-                self._check_schema()
-            else:
-                self._create()
+            self._check_schema()
             if not readonly:
                 self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.execute("PRAGMA synchronous=NORMAL")
@@ -172,6 +191,45 @@ class ExperiencePool:
             raise PoolError(f"{self.path} is not an SQLite database (corrupted or another kind of file); "
                             "lanpo will not touch it.")
 
+    def _unfinished(self) -> bool:
+        """A lanpo pool whose creation never finished: our application id (or none), no schema version, no data."""
+        with self.path.open("rb") as handle:
+            if handle.read(16) != b"SQLite format 3\x00":
+                return False
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            if conn.execute("PRAGMA application_id").fetchone()[0] not in (0, APPLICATION_ID):
+                return False
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if not tables <= {"meta", "entries", "attempts", "sqlite_sequence"}:
+                return False
+            if "meta" in tables and conn.execute("SELECT 1 FROM meta WHERE key='schema_version'").fetchone():
+                return False
+            return all(not conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in tables & {"entries",
+                                                                                                   "attempts"})
+        except sqlite3.DatabaseError:
+            return False
+        finally:
+            conn.close()
+
+    def _create_file(self) -> None:
+        """Build the empty pool under a temporary name, then rename it into place (a kill leaves no pool)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for stale in self.path.parent.glob(f".{self.path.name}.*.creating"):  # left by a kill during creation
+            if time.time() - stale.stat().st_mtime > 60:
+                stale.unlink(missing_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
+        conn = sqlite3.connect(tmp)
+        try:
+            self.conn = conn
+            self._create()
+        finally:
+            conn.close()
+        if self.path.exists() and self.path.stat().st_size > 0:  # another process created it first: use theirs
+            tmp.unlink(missing_ok=True)
+        else:
+            os.replace(tmp, self.path)
+
     def _check_schema(self) -> None:
         app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
         has_meta = self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
@@ -186,7 +244,10 @@ class ExperiencePool:
                 f"{SCHEMA_VERSION}. Open it with a matching lanpo version (and `lanpo pool export` it to JSONL to "
                 "move it across versions). The file was not modified."
             )
-        self.conn.execute("PRAGMA quick_check").fetchone()
+        check = self.conn.execute("PRAGMA quick_check").fetchone()
+        if not check or check[0] != "ok":
+            raise PoolError(f"{self.path} fails SQLite's integrity check ({check[0] if check else 'no answer'}); "
+                            "lanpo will not use it. Restore it from a checkpoint's pool.sqlite.")
 
     def _create(self) -> None:
         with self.conn:
@@ -218,6 +279,7 @@ class ExperiencePool:
                  int(e.step), json.dumps(e.rollout_ids), None if e.correct is None else int(bool(e.correct)),
                  e.reward, e.model_step, float(e.created)) for e in entries]
         with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer between MAX(id) and insert
             start = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM entries").fetchone()[0]
             self.conn.executemany(
                 "INSERT INTO entries (problem_id, problem, flow_of_thought, principles, pitfalls, step, rollout_ids, "
@@ -252,6 +314,7 @@ class ExperiencePool:
         if not attempts:
             return
         with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
             self.conn.executemany(
                 "INSERT INTO attempts (problem_id, problem, text, step, created) VALUES (?, ?, ?, ?, ?)",
                 [(a.problem_id, a.problem, a.text, int(a.step), float(a.created)) for a in attempts])
@@ -334,61 +397,6 @@ class ExperiencePool:
 
     # -- moving pools around ----------------------------------------------------------------------------------
 
-    def export_jsonl(self, path: str | Path) -> int:
-        """Write a JSONL file: a header line, then every entry and attempt. Returns the number of lines."""
-        path = Path(path)
-        n = 0
-        with path.open("w", encoding="utf-8") as handle:
-            handle.write(json.dumps({"type": "header", "schema_version": SCHEMA_VERSION, "format": "lanpo-pool"}) + "\n")
-            for entry in self.iter_entries():
-                data = entry.to_dict()
-                data.pop("id")
-                handle.write(json.dumps({"type": "entry", **data}, ensure_ascii=False) + "\n")
-                n += 1
-            for row in self.conn.execute("SELECT problem_id, problem, text, step, created FROM attempts ORDER BY id"):
-                handle.write(json.dumps({"type": "attempt", **dict(zip(
-                    ("problem_id", "problem", "text", "step", "created"), row))}, ensure_ascii=False) + "\n")
-                n += 1
-        return n + 1
-
-    def import_jsonl(self, path: str | Path, batch: int = 5000) -> dict[str, int]:
-        """Add the entries and attempts of an exported file; malformed lines are counted and skipped."""
-        self._writable()
-        counts = {"entries": 0, "attempts": 0, "skipped": 0}
-        entries: list[PoolEntry] = []
-        attempts: list[Attempt] = []
-        with Path(path).open(encoding="utf-8") as handle:
-            for line in handle:
-                if not line.strip():
-                    continue
-                try:
-                    data = json.loads(line)
-                    kind = data.pop("type", "entry")
-                    if kind == "header":
-                        if data.get("schema_version", SCHEMA_VERSION) > SCHEMA_VERSION:
-                            raise PoolError(f"{path} was exported by a newer pool schema "
-                                            f"({data['schema_version']}); upgrade lanpo to import it.")
-                        continue
-                    if kind == "attempt":
-                        attempts.append(Attempt(problem_id=str(data["problem_id"]), problem=str(data["problem"]),
-                                                text=str(data["text"]), step=int(data.get("step", 0)),
-                                                created=float(data.get("created", time.time()))))
-                    else:
-                        data.pop("id", None)
-                        entries.append(PoolEntry.from_dict(data))
-                except PoolError:
-                    raise
-                except (ValueError, KeyError, TypeError):
-                    counts["skipped"] += 1
-                    continue
-                if len(entries) >= batch:
-                    counts["entries"] += len(self.add(entries))
-                    entries = []
-        counts["entries"] += len(self.add(entries))
-        self.add_attempts(attempts)
-        counts["attempts"] = len(attempts)
-        return counts
-
     def backup(self, path: str | Path) -> Path:
         """A consistent copy of the pool (SQLite online backup), e.g. into a checkpoint."""
         path = Path(path)
@@ -398,6 +406,7 @@ class ExperiencePool:
         target = sqlite3.connect(tmp)
         try:
             self.conn.backup(target)
+            target.execute("PRAGMA journal_mode=DELETE")  # a copy needs no WAL: opening it leaves no -wal/-shm
         finally:
             target.close()
         tmp.replace(path)

@@ -203,11 +203,11 @@ def _items(block: str) -> list[str]:
 
 
 def _from_json(text: str) -> Summary | None:
-    match = re.search(r"\{.*\}", text, re.DOTALL)
-    if not match:
+    start, end = text.find("{"), text.rfind("}")  # the outermost object, found in linear time
+    if start < 0 or end <= start:
         return None
     try:
-        data = json.loads(match.group(0))
+        data = json.loads(text[start:end + 1])
     except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):

@@ -211,7 +211,7 @@ def run(argv: list[str]) -> Path:
     from trl import get_peft_config
 
     from .data import load_problems, to_prompt_dataset
-    from .models import load_tokenizer, resolve_model_path
+    from .models import check_model_name, load_tokenizer, resolve_model_path
     from .runlog import model_card, plot_run, push_final_model, save_final_model
     from .trainer import LanpoTrainer
 
@@ -221,6 +221,7 @@ def run(argv: list[str]) -> Path:
         print(yaml.safe_dump(resolved, sort_keys=False), end="")
         return Path(config.output_dir)
     checkpoint, config.output_dir = resume_target(train_args.resume, config.output_dir)
+    check_model_name(model_args.model_name_or_path)
     if config.push_to_hub:
         from huggingface_hub import constants
 
