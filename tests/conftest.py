@@ -27,8 +27,9 @@ CHATML = (
 )
 
 
-def build_tiny_model(path: Path, seed: int = 0, vocab_size: int = 320) -> Path:
-    """A 2-layer Llama with hidden size 32 and a small BPE tokenizer with a ChatML template, saved to ``path``."""
+def build_tiny_model(path: Path, seed: int = 0, vocab_size: int = 320, hidden: int = 32, heads: int = 2) -> Path:
+    """A 2-layer Llama (hidden size 32; vLLM's CPU attention needs a head size of 32 or more) and a small BPE
+    tokenizer with a ChatML template, saved to ``path``."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -46,8 +47,9 @@ def build_tiny_model(path: Path, seed: int = 0, vocab_size: int = 320) -> Path:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>",
                                         bos_token="<|im_start|>", chat_template=CHATML)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=2048,
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads,
+                         max_position_embeddings=2048,
                          pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                          bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
     model = LlamaForCausalLM(config)

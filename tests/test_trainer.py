@@ -270,3 +270,25 @@ def test_training_on_math_problems_with_letter_golds_never_stops_on_feedback(tin
     stub_summaries(trainer)
     trainer.train()
     assert max(history(trainer, "lanpo/feedback_share")) > 0
+
+
+def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_groups_without_any(
+        tiny_model_dir, tmp_path):
+    from lanpo.pool import Attempt
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0,
+                           summaries_per_group=0, max_steps=1)  # reflection_source: auto (the default)
+    assert trainer.args.reflection_source == "auto"
+    stored = builtin_arith("1", n=8)[::2]  # half of the problems have an attempt from an earlier step
+    trainer.pool.add_attempts([Attempt(p.id, p.problem, f"STORED ATTEMPT FOR {p.id}") for p in stored])
+    calls = []
+    original = trainer._generate_ids
+    trainer._generate_ids = lambda ids: calls.append(len(ids)) or original(ids)
+    trainer.train()
+    reflected = [r for r in trainer._rows if r.kind == "reflection" and r.has_feedback]
+    from_store = [r for r in reflected if "STORED ATTEMPT" in r.context[-1]["content"]]
+    stored_ids = {p.id for p in stored}
+    assert all(r.problem_id in stored_ids for r in from_store)
+    assert all(r.problem_id not in stored_ids for r in reflected if r not in from_store)
+    groups_without = len({r.problem_id for r in trainer._rows} - stored_ids)
+    assert calls[0] == 8 - 2 * groups_without and (calls[1:] == [2 * groups_without] if groups_without else True)

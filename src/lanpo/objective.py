@@ -85,8 +85,10 @@ def strip_weights(plain_logps: torch.Tensor, context_logps: torch.Tensor, comple
                   clip: float) -> torch.Tensor:
     """Per-token weights min(π(y|x) / π(y|x,c), ``clip``) from log-probabilities; 1 on padding tokens.
 
-    Rows sampled without a context pass their plain log-probabilities as ``context_logps`` (weight exactly 1).
+    Rows sampled without a context pass their plain log-probabilities as ``context_logps`` (weight exactly 1), and
+    so does a token whose sampler log-probability is not finite (vLLM can report NaN).
     """
+    context_logps = torch.where(torch.isfinite(context_logps), context_logps, plain_logps)  # NaN sampler logps: 1
     weights = torch.exp((plain_logps - context_logps).clamp(max=20)).clamp(max=clip)
     return weights * completion_mask + (1 - completion_mask)
 

@@ -176,8 +176,9 @@ class ExperiencePool:
         try:
             self.conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30)
             self._check_schema()
-            if not readonly:
-                self.conn.execute("PRAGMA journal_mode=WAL")
+            if not readonly:  # switching the mode takes a lock the busy timeout does not wait for: only if needed
+                if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                    self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.DatabaseError as error:
             raise PoolError(f"{self.path} could not be opened as an experience pool: {error}") from error

@@ -5,9 +5,11 @@ A batch holds whole groups of G rows of one problem each. Per group (:func:`plan
 1. **scratch** rows get the plain prompt;
 2. **abstraction** rows get principles and pitfalls of pool entries of *other* problems that pass the
    relevance filter γ (one retrieval per group); no entry passes → plain prompt (a fallback, counted);
-3. **reflection** rows get the model's own earlier attempt at the same problem, ungraded: this step's
-   scratch rollouts (``reflection_source="step"``: a second generation phase) or attempts stored in earlier
-   steps (``"pool"``: they join the first phase); none → plain prompt (counted).
+3. **reflection** rows get the model's own earlier attempt at the same problem, ungraded: attempts stored in
+   earlier steps (``reflection_source="pool"``: they join the first phase), this step's scratch rollouts
+   (``"step"``: a second generation phase), or stored attempts where the problem has some and this step's
+   otherwise (``"auto"``, the default: only groups without stored attempts wait for a second phase); none →
+   plain prompt (counted).
 
 Phase A generates scratch, abstraction (and pool-reflection) rows together with the summary prompts of the
 previous step's trials, so summaries cost no extra sequential generation. Phase B generates step-reflection
@@ -149,14 +151,18 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
     attach_abstractions(rows, g, retriever, counts, judge)
     for row, ids in zip(rows, plain_ids):
         row.plain_ids = ids
-    from_step = reflection_source == "step"
-    if not from_step:  # the context is known now, so these rows join phase A
-        for s in range(0, len(rows), g):
-            attach_reflections(rows[s:s + g], [], pool)
+    deferred = set()  # groups whose reflection rows wait for this step's scratch attempts (phase B)
+    for s in range(0, len(rows), g):
+        if any(r.kind == "reflection" for r in rows[s:s + g]):
+            stored = reflection_source != "step" and bool(pool.attempts(rows[s].problem_id, limit=1))
+            if stored or reflection_source == "pool":  # the context is known now: these rows join phase A
+                attach_reflections(rows[s:s + g], [], pool)
+            else:
+                deferred.add(s)
     timer["retrieve"] += time.perf_counter() - start
 
     logprobs: dict[int, Any] = {}
-    phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or not from_step]
+    phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or i - i % g not in deferred]
     _tokenize_contexts(model, [rows[i] for i in phase_a])
     summary_prompts = [summary_prompt(t) for t in pending]
     start = time.perf_counter()
@@ -168,10 +174,10 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
     timer["summarize"] += elapsed * share  # token-share estimate: summaries ride in this batch
     texts = [with_prefill(p, model.decode(c)) for p, c in zip(summary_prompts, summaries)]
 
-    phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and from_step]
+    phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and i - i % g in deferred]
     if phase_b:  # reward-agnostic reflection on this step's scratch attempts at the same problem
         start = time.perf_counter()
-        for s in range(0, len(rows), g):
+        for s in sorted(deferred):
             group = rows[s:s + g]
             attach_reflections(group, [r.text for r in group if r.kind == "scratch" and r.text.strip()], pool)
         _tokenize_contexts(model, [rows[i] for i in phase_b])

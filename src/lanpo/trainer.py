@@ -21,7 +21,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from . import checkpoints, objective, rollout
+from . import checkpoints, objective, rollout, vllm_cpu
 from .config import LanpoConfig
 from .data import with_answer_column
 from .generation import chat_ids, left_pad
@@ -54,14 +54,15 @@ class LanpoTrainer(GRPOTrainer):
             raise TypeError(f"LanpoTrainer needs a LanpoConfig, got {type(args).__name__}.")
         train_dataset = with_answer_column(train_dataset) if train_dataset is not None else None
         self.verifier = MathVerifier(args.verify_time_limit, args.answer_extraction)
+        vllm_cpu.prepare(args)
         with warnings.catch_warnings():  # lanpo pins trl<2 and tests the rollout_func API it relies on
             warnings.filterwarnings("ignore", message=".*'rollout_func'.*experimental", category=UserWarning)
             super().__init__(model=model, reward_funcs=reward_funcs or [make_accuracy_reward(self.verifier)],
                              args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
                              processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
                              peft_config=peft_config, rollout_func=self._rollout)
-        self.run_dir = Path(args.output_dir)
-        main = self.accelerator.is_main_process
+        vllm_cpu.use_reload_weights(self)
+        self.run_dir, main = Path(args.output_dir), self.accelerator.is_main_process
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(args.to_json_string())
@@ -84,8 +85,7 @@ class LanpoTrainer(GRPOTrainer):
             decode=lambda ids: self.processing_class.decode(ids, skip_special_tokens=True))
         self._pending: list[Trial] = []  # trials whose summaries ride along in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
-        self._batch_inputs: list[dict] | None = None
-        self._rewards_per_func: torch.Tensor | None = None
+        self._batch_inputs, self._rewards_per_func = None, None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
 

@@ -1,0 +1,93 @@
+"""vLLM, the engine real runs generate with, on CPU (`vllm-cpu`): run by `make test-vllm` in `.venv-vllm`.
+
+The plain `make test` environment has no vLLM: these tests skip there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.vllm
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one engine in this process (TRL's colocate mode too)
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+from conftest import build_tiny_model  # noqa: E402
+from lanpo.cli import main  # noqa: E402
+from lanpo.config import LanpoConfig  # noqa: E402
+from lanpo.data import builtin_arith, to_prompt_dataset  # noqa: E402
+from lanpo.models import load_tokenizer  # noqa: E402
+from test_trainer import history, length_reward, stub_summaries  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(tmp_path_factory) -> Path:
+    """The tiny model with a head size vLLM's CPU attention supports (64); greedily it repeats its last token."""
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), hidden=128, heads=2)
+
+
+def vllm_trainer(model_dir: Path, out: Path, **overrides):
+    from lanpo.trainer import LanpoTrainer
+
+    settings = dict(output_dir=str(out), use_cpu=True, bf16=False, num_generations=4, per_device_train_batch_size=8,
+                    max_completion_length=6, max_steps=2, learning_rate=1e-3, logging_steps=1, save_strategy="no",
+                    report_to="none", seed=0, temperature=1.0, disable_tqdm=True, relevance_scorer="bm25",
+                    relevance_threshold=0.0, feedback_ratio=0.75, use_vllm=True, vllm_mode="colocate",
+                    vllm_max_model_length=1024, vllm_gpu_memory_utilization=0.3)
+    settings.update(overrides)
+    return LanpoTrainer(model=str(model_dir), reward_funcs=[length_reward], args=LanpoConfig(**settings),
+                        train_dataset=to_prompt_dataset(builtin_arith("1", n=8)),
+                        processing_class=load_tokenizer(str(model_dir)))
+
+
+def test_every_row_gets_the_completion_of_its_own_prompt(vllm_model_dir, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    trainer = vllm_trainer(vllm_model_dir, tmp_path / "rows", temperature=1e-6)  # sampling at T -> 0: greedy
+    prompts = [[5, 6, 7, 40 + i] for i in range(11)] + [[9, 10]]  # rows that differ, of unequal lengths
+    completions, logprobs = trainer._generate_ids(prompts)
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir)
+    expected = [model.generate(torch.tensor([p]), max_new_tokens=1, do_sample=False)[0, -1].item() for p in prompts]
+    assert len(set(expected)) >= 6  # the right completions tell the rows apart: a shuffle would show
+    assert sum(c[0] == e for c, e in zip(completions, expected)) >= 0.9 * len(prompts)
+    assert logprobs is not None and len(logprobs) == len(prompts)
+
+
+def test_lanpo_trains_with_vllm_colocate_and_the_pool_grows(vllm_model_dir, tmp_path):
+    trainer = vllm_trainer(vllm_model_dir, tmp_path / "keep")
+    stub_summaries(trainer)
+    trainer.train()
+    assert len(trainer.pool) > 0 and max(history(trainer, "lanpo/feedback_share")) > 0
+    assert all(loss == loss for loss in history(trainer, "loss"))  # no NaN loss
+    samples = [json.loads(x) for x in (tmp_path / "keep" / "samples.jsonl").read_text().splitlines()]
+    assert any(s["feedback"] for s in samples)
+
+
+def test_strip_mode_under_vllm_has_finite_weights_and_no_masked_feedback_rows(vllm_model_dir, tmp_path):
+    trainer = vllm_trainer(vllm_model_dir, tmp_path / "strip", context_in_loss="strip", reflection_share=1.0)
+    trainer.train()
+    weights = history(trainer, "lanpo/strip_weight_mean")
+    assert weights and all(0 < w <= trainer.args.strip_ratio_clip for w in weights)
+    assert all(loss == loss for loss in history(trainer, "loss"))
+
+
+def test_eval_on_vllm_and_hf_prints_the_same_table_and_greedy_answers_agree(vllm_model_dir, tmp_path):
+    common = ["eval", "--model", str(vllm_model_dir), "--data", "builtin:arith?split=test", "--limit", "16", "--k", "2",
+              "--temperature", "0", "--max-new-tokens", "6", "--extraction", "lenient"]
+    assert main([*common, "--backend", "hf", "--out", str(tmp_path / "hf")]) == 0
+    assert main([*common, "--backend", "vllm", "--out", str(tmp_path / "vllm")]) == 0
+    results = {b: json.loads((tmp_path / b / "results.json").read_text()) for b in ("hf", "vllm")}
+    assert results["hf"]["backend"] == "hf" and results["vllm"]["backend"] == "vllm"
+    assert results["hf"]["modes"]["zero-shot"]["metrics"].keys() == results["vllm"]["modes"]["zero-shot"]["metrics"].keys()
+    tables = {b: (tmp_path / b / "results.md").read_text().splitlines() for b in ("hf", "vllm")}
+    assert tables["hf"][4:6] == tables["vllm"][4:6]  # the same table header
+    answers = {b: [[c["text"] for c in json.loads(line)["completions"]]
+                   for line in (tmp_path / b / "completions-zero-shot.jsonl").read_text().splitlines()]
+               for b in ("hf", "vllm")}
+    same = sum(h == v for h, v in zip(answers["hf"], answers["vllm"]))
+    assert same / len(answers["hf"]) >= 0.9
