@@ -138,9 +138,11 @@ class LLMJudgeScorer(RelevanceScorer):
 
         prompts = [chat_ids(self.tokenizer, relevance_messages(problem, e.principles, e.pitfalls))
                    for problem, entries, _ in queries for e in entries]
-        batches = -(-len(prompts) // self.batch_size)
-        filler = [chat_ids(self.tokenizer, relevance_messages("1 + 1", ["add"], []))] * self.batch_size
-        padded = prompts + filler * ((self.sync_batches(batches) if self.sync_batches else batches) - batches)
+        padded = prompts
+        if self.sync_batches is not None:  # several processes: pad to the most batches any of them runs
+            batches = -(-len(prompts) // self.batch_size)
+            filler = chat_ids(self.tokenizer, relevance_messages("1 + 1", ["add"], []))
+            padded = prompts + [filler] * self.batch_size * (self.sync_batches(batches) - batches)
         probs: list[float] = []
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
