@@ -37,14 +37,16 @@ def _writer(tmp_path: Path, path: Path, name: str, batches: int, size: int, reco
     script = tmp_path / "writer.py"
     script.write_text(WRITER)
     out = str(tmp_path / f"{name}.jsonl") if record else "-"
-    return subprocess.Popen([sys.executable, str(script), str(path), name, str(batches), str(size), out])
+    return subprocess.Popen([sys.executable, str(script), str(path), name, str(batches), str(size), out],
+                            stderr=subprocess.PIPE, text=True)
 
 
 def test_concurrent_writers_lose_nothing_and_every_id_is_their_own(tmp_path):
     path = tmp_path / "pool.sqlite"
     ExperiencePool(path).close()
     writers = [_writer(tmp_path, path, f"w{k}", 200, 3, True) for k in range(4)]
-    assert all(w.wait(timeout=300) == 0 for w in writers)
+    errors = [w.communicate(timeout=300)[1] for w in writers]
+    assert all(w.returncode == 0 for w in writers), [e[-2000:] for e in errors if e]
     with ExperiencePool(path, readonly=True) as pool:
         by_id = {e.id: e.principles[0] for e in pool.entries()}
     assert len(by_id) == 4 * 200 * 3

@@ -101,7 +101,6 @@ def test_push_to_hub_offline_fails_clearly_before_any_model_loads(tmp_path, caps
 def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_path):
     import datasets
 
-    from lanpo.config import LanpoConfig
     from lanpo.data import DataError, with_answer_column
     from lanpo.prompts import solve_messages
 
@@ -110,12 +109,22 @@ def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_p
     assert with_answer_column(datasets.Dataset.from_list([{"prompt": [], "gt": "5"}]), "gt")["answer"] == ["5"]
     with pytest.raises(DataError, match="no answer column"):
         with_answer_column(datasets.Dataset.from_list([{"prompt": [], "label": "5"}]))
-    assert LanpoConfig  # the trainer applies with_answer_column to every train_dataset (test_trainer trains)
+
+
+def free_port() -> int:
+    """A port nobody listens on: each multi-process launch rendezvous on its own (a killed run's leftovers may
+    still hold the default one)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _script(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
     launch = [sys.executable, str(SCRIPT)] if processes == 1 else [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", str(free_port()),
+        "--num_processes", str(processes),
         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT)]
     return subprocess.run(launch + args, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
@@ -200,7 +209,8 @@ def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
+              "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no", *FSDP, str(SCRIPT),
               *tiny_args(tiny_model_dir, run, per_device_train_batch_size=4, learning_rate=1e-2)]
     done = subprocess.run(launch, capture_output=True, text=True, timeout=600,

@@ -197,7 +197,10 @@ def test_two_processes_share_one_pool(tiny_model_dir, tmp_path):
     out = tmp_path / "mp"
     # `--cpu` would make accelerate start a single process; `--multi_gpu` starts two through torchrun, which use
     # gloo on a machine without GPUs (and the config's use_cpu=True keeps them on the CPU elsewhere).
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+    from test_runs import free_port
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", str(free_port()),
+           "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
            str(tiny_model_dir), str(out)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

@@ -191,4 +191,4 @@ def test_a_value_written_in_scientific_notation_matches_itself(value, exponent):
     mantissa = Fraction(value.numerator % 1000 + 1, 100)
     gold = f"{float(mantissa):.2f}e{exponent}"
     assert numbers_match(gold, f"{float(mantissa):.2f} \\times 10^{{{exponent}}}")
-    assert names_several_values(f"{gold}, 1", gold)
+    assert names_several_values(f"{gold}, 123456789", gold)  # a second, different value: a hedge

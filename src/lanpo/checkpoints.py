@@ -16,10 +16,10 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
+from .pool import POOL_FILENAME as POOL_FILE
 from .summarize import Trial
 
 STAGING = ".staging"
-POOL_FILE = "pool.sqlite"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 

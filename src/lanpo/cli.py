@@ -222,16 +222,11 @@ def _pool_parser(sub) -> None:
 
 
 def cmd_pool(args) -> int:
-    from .pool import ExperiencePool, PoolError, resolve_pool_path
-    from .pool_io import export_jsonl, import_jsonl
+    from .pool import ExperiencePool, resolve_pool_path
+    from .pool_io import check_export, export_jsonl, import_jsonl
 
     if args.action == "import":
-        source = Path(args.source)
-        if not source.is_file():
-            raise FileNotFoundError(f"No export to import at {source}.")
-        with source.open("rb") as handle:
-            if handle.read(16) == b"SQLite format 3\x00":
-                raise PoolError(f"{source} is a pool, not a JSONL export (were the two arguments swapped?).")
+        source = check_export(args.source)  # before the pool is opened: a wrong source creates nothing
         with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:
             counts = import_jsonl(pool, source)
         print(json.dumps({"pool": str(resolve_pool_path(args.pool)), **counts}, indent=2))
@@ -399,8 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - a command line shows a message, -v the traceback
         if args.verbose:
             raise
-        known = isinstance(error, ValueError | OSError | RuntimeError | KeyError | ImportError) or type(error).__name__ in (
-            "YAMLError", "ScannerError", "ParserError")
+        known = isinstance(error, ValueError | OSError | RuntimeError | KeyError | ImportError)
         detail = str(error) if known else f"{type(error).__name__}: {error} (an unexpected error: -v shows where)"
         print(f"lanpo {args.command}: error: {detail}", file=sys.stderr)
         return 2

@@ -178,6 +178,18 @@ class LanpoConfig(GRPOConfig):
         return plan_group(self.num_generations, self.feedback_ratio_at(step), self.reflection_share)
 
 
+def flag_value(argv: list[str], name: str) -> str | None:
+    """The value a command line gives field ``name`` (``--name V``, ``--name=V``, dashes or underscores)."""
+    for i, arg in enumerate(argv):
+        flag, _, inline = arg.partition("=")
+        if not flag.startswith("--") or flag[2:].replace("-", "_") != name:
+            continue
+        if "=" in arg:
+            return inline
+        return argv[i + 1] if i + 1 < len(argv) else None
+    return None
+
+
 def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     """TRL's parser over ``dataclass_types`` (``--config FILE.yaml`` plus flags), with ``defaults`` underneath.
 
@@ -188,20 +200,18 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     import yaml
     from trl import TrlParser
 
-    for i, arg in enumerate(argv):  # a config that is missing or not YAML fails with a message, not a traceback
-        path = arg.split("=", 1)[1] if arg.startswith("--config=") else argv[i + 1] if arg == "--config" and \
-            i + 1 < len(argv) else None
-        if path is not None:
-            from pathlib import Path
+    path = flag_value(argv, "config")  # a config that is missing or not YAML fails with a message, not a traceback
+    if path is not None:
+        from pathlib import Path
 
-            if not Path(path).is_file():
-                raise FileNotFoundError(f"--config {path}: no such file.")
-            try:
-                loaded = yaml.safe_load(Path(path).read_text())
-            except yaml.YAMLError as error:
-                raise ValueError(f"--config {path} is not valid YAML: {error}") from None
-            if not isinstance(loaded, dict):
-                raise ValueError(f"--config {path} must hold a mapping of field: value, not {type(loaded).__name__}.")
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--config {path}: no such file.")
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except yaml.YAMLError as error:
+            raise ValueError(f"--config {path} is not valid YAML: {error}") from None
+        if not isinstance(loaded, dict):
+            raise ValueError(f"--config {path} must hold a mapping of field: value, not {type(loaded).__name__}.")
     parser = TrlParser(dataclass_types)
     defaults = dict(defaults)
     if torch.cuda.is_available():

@@ -89,7 +89,7 @@ class LoadStats:
 def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | None:
     """The row's field named ``wanted`` (else the first of ``candidates``), matched case-insensitively."""
     lower = {str(k).lower(): k for k in row}
-    for name in ([wanted] if wanted else []) + ([] if wanted else list(candidates)):
+    for name in [wanted] if wanted else candidates:
         if name in row:
             return name
         if name.lower() in lower:

@@ -117,10 +117,7 @@ def resolve_model_path(name_or_path: str) -> str:
         if not (path / "config.json").exists() and len(ggufs) == 1:
             return str(convert_gguf(ggufs[0]))
         return str(path)
-    if path.exists():
-        raise ValueError(f"{name_or_path} is a file but not a .gguf model; pass a model directory or a hub id.")
-    if name_or_path.startswith((".", "/", "~")):
-        raise FileNotFoundError(f"No model at {name_or_path}.")
+    check_model_name(name_or_path)
     return name_or_path  # a hub id
 
 

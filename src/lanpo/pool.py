@@ -30,6 +30,15 @@ DEFAULT_CAP = 32  # entries per problem, as in the paper
 DEFAULT_ATTEMPTS_CAP = 4
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def is_sqlite_file(path: Path) -> bool:
+    """Whether ``path`` is an SQLite database file (by its 16-byte header)."""
+    with Path(path).open("rb") as handle:
+        return handle.read(16) == SQLITE_HEADER
+
+
 class PoolError(RuntimeError):
     """A pool file that cannot be opened as a lanpo pool (wrong schema, not a pool, corrupted)."""
 
@@ -186,17 +195,15 @@ class ExperiencePool:
     # -- opening -----------------------------------------------------------------------------------------------
 
     def _check_header(self) -> None:
-        with self.path.open("rb") as handle:
-            header = handle.read(16)
-        if header != b"SQLite format 3\x00":
+        if not is_sqlite_file(self.path):
             raise PoolError(f"{self.path} is not an SQLite database (corrupted or another kind of file); "
                             "lanpo will not touch it.")
 
     def _unfinished(self) -> bool:
         """A lanpo pool whose creation never finished: our application id (or none), no schema version, no data."""
-        with self.path.open("rb") as handle:
-            if handle.read(16) != b"SQLite format 3\x00":
-                return False
+        in_use = any(self.path.with_name(self.path.name + suffix).exists() for suffix in ("-wal", "-shm", "-journal"))
+        if in_use or not is_sqlite_file(self.path):
+            return False  # another connection may have it open: never a file to delete
         conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         try:
             if conn.execute("PRAGMA application_id").fetchone()[0] not in (0, APPLICATION_ID):

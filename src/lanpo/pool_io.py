@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from .pool import SCHEMA_VERSION, Attempt, ExperiencePool, PoolEntry, PoolError
+from .pool import SCHEMA_VERSION, Attempt, ExperiencePool, PoolEntry, PoolError, is_sqlite_file
 
 MAX_REPORTED = 20  # bad lines listed by number in an import report; the rest are only counted
 
@@ -54,12 +54,19 @@ def _attempt(data: dict) -> Attempt:
                    step=int(step), created=float(created))
 
 
+def check_export(path: str | Path) -> Path:
+    """``path`` as an export to import: it exists and is not a pool (two arguments swapped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No export to import at {path}.")
+    if is_sqlite_file(path):
+        raise PoolError(f"{path} is a pool, not a JSONL export (were the two arguments swapped?).")
+    return path
+
+
 def import_jsonl(pool: ExperiencePool, path: str | Path, batch: int = 5000) -> dict:
     """Add the entries and attempts of an export to ``pool``. Returns counts and the bad lines with reasons."""
-    path = Path(path)
-    with path.open("rb") as handle:
-        if handle.read(16) == b"SQLite format 3\x00":
-            raise PoolError(f"{path} is a pool, not a JSONL export (were the two arguments swapped?).")
+    path = check_export(path)
     counts: dict = {"entries": 0, "attempts": 0, "skipped": 0, "bad_lines": []}
     entries: list[PoolEntry] = []
     attempts: list[Attempt] = []

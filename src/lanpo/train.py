@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from . import checkpoints
-from .config import LanpoConfig, parse_command_line
+from .config import LanpoConfig, flag_value, parse_command_line
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +94,6 @@ def given_fields(argv: list[str]) -> set[str]:
     return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
 
 
-def _value(argv: list[str], name: str) -> str | None:
-    """The value a command line gives field ``name`` (``--name V``, ``--name=V``, dashes or underscores)."""
-    for i, arg in enumerate(argv):
-        flag, _, inline = arg.partition("=")
-        if not flag.startswith("--") or flag[2:].replace("-", "_") != name:
-            continue
-        if inline or "=" in arg:
-            return inline
-        return argv[i + 1] if i + 1 < len(argv) else None
-    return None
-
-
 def parse(argv: list[str]):
     """Parse ``argv`` into (TrainArguments, ModelConfig, LanpoConfig). The embedded defaults lie underneath only
     when neither ``--config`` nor a model is given; ``--resume`` puts the run's saved config underneath."""
@@ -131,7 +119,7 @@ def parse(argv: list[str]):
 
 def _saved_config(argv: list[str]) -> Path | None:
     """``RUN/config.yaml`` of the run ``--resume`` continues (None for a run saved without one)."""
-    resume, output_dir = _value(argv, "resume"), _value(argv, "output_dir")
+    resume, output_dir = flag_value(argv, "resume"), flag_value(argv, "output_dir")
     if resume == "latest" and output_dir is None:
         raise ValueError("--resume latest needs --output_dir RUN (the run to continue).")
     path = Path(output_dir if resume == "latest" else resume or ".")
