@@ -1,22 +1,28 @@
-"""Step-time overhead: LANPO vs our GRPO (p_t = 0) vs stock TRL GRPOTrainer, in one run.
+"""Step-time overhead: LANPO vs our GRPO (p_t = 0) vs stock TRL GRPOTrainer, side by side in one run.
 
-Same model (the embedded default, CPU), config and seed for every arm; the median of TRL's per-step
-`step_time` over steps 2..N (step 1 warms up). Arms:
+Same model (the embedded default, SmolLM2-135M on CPU), config and seed for every arm; the median of TRL's per-step
+``step_time`` over steps 2..N of each run (step 1 warms up). Arms:
 
-* `trl`        — trl.GRPOTrainer, no rollout_func;
-* `grpo`       — LanpoTrainer with feedback_ratio=0 and no summaries (the GRPO baseline of this library);
-* `lanpo`      — LanpoTrainer defaults: p_t = 0.75, reflection on this step's scratch rollouts, summaries on;
-* `lanpo-pool` — the same, reflecting on attempts stored in earlier steps (no second generation phase);
-* `lanpo-strip` — LANPO defaults with context_in_loss=strip (the loss sees the plain prompt).
+* ``trl``         — trl.GRPOTrainer, no rollout_func;
+* ``grpo``        — LanpoTrainer with feedback_ratio=0 and no summaries (the GRPO baseline of this library);
+* ``lanpo``       — LanpoTrainer defaults after one warm epoch (the steady state of a run: every problem has
+  stored attempts, so ``reflection_source auto`` reflects on them in one generation phase, and the pool holds
+  entries for abstraction);
+* ``lanpo-keep`` / ``lanpo-strip`` — the same with ``context_in_loss`` keep / strip (the one equal to the default is
+  not run twice);
+* ``lanpo-cold``  — LanpoTrainer defaults in the first epoch: no stored attempts, so reflection waits for this
+  step's scratch rollouts (a second generation phase for every group).
 
-The training set has 4 problems, one per step, so a run of 4 steps sees each problem once: `lanpo-pool` starts
-from a pool holding one earlier attempt per problem (sampled from the base model before the clock starts), the
-steady state of a run in its second epoch. Each arm also reports its feedback and fallback shares, so a cheap
-arm that merely fell back to scratch rollouts shows as such.
+The training set has 4 problems, one per step. The warm epoch runs once, before the clock, as a LanpoTrainer run
+of the defaults over the 4 problems; each warm arm starts from a copy of its pool (attempts and entries) and the
+base model. Each arm reports its feedback and fallback shares, so a cheap arm that merely fell back to plain
+prompts shows as such.
 
-Prints lanpo / grpo (goal <= 1.3 on CPU) and grpo / trl (goal <= 1.05), with each arm's time split.
+``--min-new-tokens 512`` forces every completion to 512 tokens (``max_completion_length`` 512 and
+``generation_kwargs.min_new_tokens``): the regime of real runs, where contexts are small against completions.
+Ratios ÷ our GRPO are printed last.
 
-    python benchmarks/step_overhead.py [--steps 4] [--repeats 2] [--arms trl,grpo,lanpo,lanpo-pool,lanpo-strip]
+    python benchmarks/step_overhead.py [--steps 4] [--repeats 1] [--min-new-tokens 512] [--arms trl,grpo,lanpo,...]
 """
 
 from __future__ import annotations
@@ -33,38 +39,49 @@ import time
 import torch
 
 from lanpo.data import builtin_arith, to_prompt_dataset
-from lanpo.generation import generate
-from lanpo.models import load_model, load_tokenizer, resolve_model_path
-from lanpo.pool import Attempt, ExperiencePool
-from lanpo.prompts import solve_messages
+from lanpo.models import load_tokenizer, resolve_model_path
+from lanpo.pool import ExperiencePool
 from lanpo.rewards import MathVerifier, make_accuracy_reward
 from lanpo.train import parse
 
+ARMS = ("trl", "grpo", "lanpo", "lanpo-keep", "lanpo-strip", "lanpo-cold")
 SHARES = ("lanpo/feedback_share", "lanpo/fallback_share", "lanpo/feedback_tokens_per_prompt")
-SPLIT = ("time/generate", "time/summarize", "time/retrieve", "time/score", "time/update")
+SPLIT = ("time/generate", "time/summarize", "time/retrieve", "time/reward", "time/score", "time/update")
 
 
-def seed_attempts(model_path: str, problems) -> list[Attempt]:
-    """One attempt per problem from the base model (T=0.7, 96 new tokens): what a pool holds after an epoch."""
-    model, tokenizer = load_model(model_path)
-    torch.manual_seed(0)
-    samples = generate(model, tokenizer, [solve_messages(p.problem) for p in problems], n=1, temperature=0.7,
-                       max_new_tokens=96)
-    return [Attempt(p.id, p.problem, s[0].text) for p, s in zip(problems, samples)]
+def settings(out: str, steps: int, forced: int | None) -> list[str]:
+    cli = ["--output_dir", out, "--max_steps", str(steps), "--save_strategy", "no", "--disable_tqdm", "true"]
+    if forced:
+        cli += ["--max_completion_length", str(forced), "--generation_kwargs", json.dumps({"min_new_tokens": forced})]
+    return cli
 
 
-def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, attempts: list[Attempt]) -> dict:
+def warm_pool(model_path: str, dataset, forced: int | None, workdir: str) -> str:
+    """One epoch of LANPO defaults over the training set; returns a copy of its pool."""
+    from lanpo.trainer import LanpoTrainer
+
+    out = os.path.join(workdir, "warm-run")
+    _, _, config = parse(settings(out, len(dataset), forced))
+    trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset,
+                           processing_class=load_tokenizer(model_path))
+    trainer.train()
+    path = os.path.join(workdir, "warm-pool.sqlite")
+    trainer.pool.backup(path)
+    stats = trainer.pool.stats()
+    print("warm epoch:", json.dumps({"steps": len(dataset), "pool": stats}), flush=True)
+    return path
+
+
+def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: int | None, warm: str | None) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from lanpo.trainer import LanpoTrainer
 
-    cli = ["--output_dir", out, "--max_steps", str(steps), "--save_strategy", "no", "--disable_tqdm", "true"]
+    cli = settings(out, steps, forced)
     if arm == "grpo":
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
-    if arm == "lanpo-pool":
-        cli += ["--reflection_source", "pool"]
-    if arm == "lanpo-strip":
-        cli += ["--context_in_loss", "strip"]
+    if arm in ("lanpo-keep", "lanpo-strip"):
+        cli += ["--context_in_loss", arm.split("-")[1]]
     _, _, config = parse(cli)
     tokenizer = load_tokenizer(model_path)
     start = time.perf_counter()
@@ -79,10 +96,11 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, attempts: 
                               args=GRPOConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
     else:
         pool = None
-        if arm == "lanpo-pool":
+        if arm in ("lanpo", "lanpo-keep", "lanpo-strip"):
+            os.makedirs(out, exist_ok=True)
+            shutil.copy(warm, os.path.join(out, "pool.sqlite"))
             pool = ExperiencePool(os.path.join(out, "pool.sqlite"), cap_per_problem=config.pool_cap,
                                   attempts_per_problem=config.pool_attempts_cap)  # as the trainer builds it
-            pool.add_attempts(attempts)
         trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
                                pool=pool)
     trainer.train()
@@ -98,24 +116,36 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, attempts: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--arms", default="trl,grpo,lanpo,lanpo-pool,lanpo-strip")
-    parser.add_argument("--repeats", type=int, default=2,
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--repeats", type=int, default=1,
                         help="run the arms this many times, in reversed order every other time (order effects)")
+    parser.add_argument("--min-new-tokens", type=int, default=None,
+                        help="force every completion to this many tokens (also max_completion_length)")
     args = parser.parse_args()
+    from lanpo.config import LanpoConfig
+
+    default_mode = LanpoConfig.__dataclass_fields__["context_in_loss"].default
+    arms = [a for a in args.arms.split(",") if a != f"lanpo-{default_mode}"]  # that one is `lanpo`
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
     model_path = resolve_model_path("smollm2-135m")
     problems = builtin_arith("1", n=4, seed=0)
     dataset = to_prompt_dataset(problems)
+    workdir = tempfile.mkdtemp(prefix="overhead-")
     runs: dict[str, list[dict]] = {}
-    arms = args.arms.split(",")
-    attempts = seed_attempts(model_path, problems) if "lanpo-pool" in arms else []
-    for repeat in range(args.repeats):
-        for arm in (arms if repeat % 2 == 0 else arms[::-1]):
-            out = tempfile.mkdtemp(prefix=f"overhead-{arm}-")
-            try:
-                runs.setdefault(arm, []).append(run_arm(arm, args.steps, model_path, dataset, out, attempts))
-            finally:
+    try:
+        warm = warm_pool(model_path, dataset, args.min_new_tokens, workdir) \
+            if {"lanpo", "lanpo-keep", "lanpo-strip"} & set(arms) else None
+        for repeat in range(args.repeats):
+            for arm in (arms if repeat % 2 == 0 else arms[::-1]):
+                out = os.path.join(workdir, f"{arm}-{repeat}")
+                runs.setdefault(arm, []).append(run_arm(arm, args.steps, model_path, dataset, out,
+                                                        args.min_new_tokens, warm))
                 shutil.rmtree(out, ignore_errors=True)
-            print(arm, repeat, json.dumps(runs[arm][-1]), flush=True)
+                print(arm, repeat, json.dumps(runs[arm][-1]), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     results = {}
     for arm, parts in runs.items():
         steps = [t for p in parts for t in p["step_times"]]
@@ -123,20 +153,19 @@ def main() -> None:
                  for k in parts[0]["split_median_s"]}
         results[arm] = {"median_step_s": round(statistics.median(steps), 2), "step_times": steps,
                         "split_median_s": split, "runs": len(parts),
+                        "mean_completion_tokens": round(statistics.mean(p["mean_completion_tokens"] for p in parts), 1),
                         **{key: round(statistics.mean(p[key] for p in parts), 3) for key in SHARES}}
+    tokens = f"{args.min_new_tokens} forced new tokens" if args.min_new_tokens else "96 new tokens"
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
-        "settings": "embedded default: SmolLM2-135M fp32, G=8, 1 problem/step, 96 new tokens, beta 0.04, "
-                    f"{args.steps} steps per run (median of steps 2..{args.steps} over {args.repeats} runs per arm, "
-                    "alternating arm order)",
+        "settings": f"embedded default: SmolLM2-135M fp32, G=8, 1 problem/step, {tokens}, beta 0.04; defaults: "
+                    f"context_in_loss {default_mode}, reflection_source auto; {args.steps} steps per run (median of "
+                    f"steps 2..{args.steps} over {args.repeats} run(s) per arm, alternating arm order)",
         "arms": results,
     }
-    if "lanpo" in results and "grpo" in results:
-        report["lanpo_over_grpo"] = round(results["lanpo"]["median_step_s"] / results["grpo"]["median_step_s"], 3)
-    for arm in ("lanpo-pool", "lanpo-strip"):
-        if arm in results and "grpo" in results:
-            report[f"{arm.replace('-', '_')}_over_grpo"] = round(
-                results[arm]["median_step_s"] / results["grpo"]["median_step_s"], 3)
+    if "grpo" in results:
+        base = results["grpo"]["median_step_s"]
+        report["over_grpo"] = {arm: round(r["median_step_s"] / base, 3) for arm, r in results.items()}
     if "grpo" in results and "trl" in results:
         report["grpo_over_trl"] = round(results["grpo"]["median_step_s"] / results["trl"]["median_step_s"], 3)
     print(json.dumps(report, indent=2))

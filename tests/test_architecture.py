@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 
 # Lower stages first: a module may import only modules listed before it (function-level imports included).
 STAGES = ["numbers", "answers", "prompts", "arith", "presets", "data", "models", "pool", "pool_io", "bm25", "generation", "rewards", "retrieval", "feedback",
-          "summarize", "rollout", "objective", "checkpoints", "vllm_cpu", "config", "runlog", "trainer", "sft_data", "sft", "evaluate",
+          "summarize", "rollout", "objective", "checkpoints", "vllm_cpu", "config", "runlog", "loss", "trainer", "sft_data", "sft", "evaluate",
           "compare", "train", "cli", "demo", "__init__"]
 
 

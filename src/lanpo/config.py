@@ -49,8 +49,10 @@ class LanpoConfig(GRPOConfig):
 
     > Parameters that control the loss
 
-    context_in_loss (`str`, defaults to `"keep"`): `keep` trains π(y | x, c) on feedback rollouts; `strip`
-        trains π(y | x) with a truncated per-token importance weight π(y|x) / π(y|x,c) (at most `strip_ratio_clip`).
+    context_in_loss (`str`, defaults to `"strip"`): `strip` trains π(y | x), the zero-shot policy that is the test
+        condition, on feedback rollouts with a truncated per-token importance weight π(y|x) / π(y|x,c) (at most
+        `strip_ratio_clip`; π(y|x,c) is the sampler's, so it costs no extra forward and the update is GRPO's);
+        `keep` trains π(y | x, c), paying for the context tokens in every forward and backward.
     advantage_grouping (`str`, defaults to `"shared"`): `shared` normalizes rewards over the whole group of G;
         `separate` normalizes feedback and scratch rollouts of a group separately.
     """
@@ -83,8 +85,9 @@ class LanpoConfig(GRPOConfig):
         "help": "sentence-transformers model for relevance_scorer=embedding (default: bundled all-MiniLM-L6-v2)."})
 
     # -- loss ------------------------------------------------------------------------------------------------
-    context_in_loss: ContextInLoss = field(default="keep", metadata={
-        "help": "keep: train pi(y|x,c) on feedback rollouts; strip: train pi(y|x) with a clipped importance ratio."})
+    context_in_loss: ContextInLoss = field(default="strip", metadata={
+        "help": "strip: train pi(y|x) on feedback rollouts with a clipped importance weight pi(y|x)/pi(y|x,c) (GRPO's "
+                "update cost); keep: train pi(y|x,c) (pays for context tokens)."})
     strip_ratio_clip: float = field(default=2.0, metadata={
         "help": "strip mode: upper bound of the per-token importance weight pi(y|x)/pi(y|x,c)."})
     advantage_grouping: AdvantageGrouping = field(default="shared", metadata={
@@ -112,6 +115,9 @@ class LanpoConfig(GRPOConfig):
                 f"({self.num_generations}), so that every process holds whole groups (LANPO builds a group's "
                 "feedback from that group's own rollouts)."
             )
+        if self.context_in_loss == "strip" and self.use_liger_kernel:
+            raise ValueError("context_in_loss=strip weights the loss through GRPOTrainer's own loss; the Liger "
+                             "kernel loss bypasses it: set use_liger_kernel false or context_in_loss keep.")
         if self.summaries_per_group > self.num_generations:
             raise ValueError(f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
                              f"({self.num_generations}).")

@@ -53,6 +53,51 @@ def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
     return ids, mask
 
 
+class SampledLogprobs:
+    """A logits processor that records, per row, the log-probability of each token the sampler drew.
+
+    ``generate`` runs user processors after its penalties and before its sampling warpers, so the recorded value is
+    log_softmax(scores / temperature) at the drawn token: TRL's own definition of π(y|·) (logits / temperature, no
+    top-k / top-p renormalization). Only one step's log-softmax is held at a time. Call :meth:`finish` with the
+    returned sequences to read the values: ``(rows, generated tokens)``.
+    """
+
+    def __init__(self, temperature: float = 1.0) -> None:
+        self.temperature = temperature or 1.0
+        self._previous: torch.Tensor | None = None
+        self._values: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self._previous is not None:  # input_ids now end with the token drawn from the previous scores
+            self._values.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def finish(self, sequences: torch.Tensor) -> torch.Tensor:
+        if self._previous is not None:
+            self._values.append(self._previous.gather(1, sequences[:, -1:]).squeeze(1))
+            self._previous = None
+        return torch.stack(self._values, 1) if self._values else sequences.new_zeros((len(sequences), 0)).float()
+
+
+def sample_with_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config,
+                         eos_token_ids: list[int]) -> tuple[list[list[int]], list[list[float]]]:
+    """``model.generate`` on left-padded prompts; per row the completion up to and including its first stop token,
+    and the sampler's log-probability of each of those tokens."""
+    from transformers import LogitsProcessorList
+
+    recorder = SampledLogprobs(generation_config.temperature if generation_config.do_sample else 1.0)
+    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
+                               logits_processor=LogitsProcessorList([recorder]))
+    logprobs = recorder.finish(sequences).cpu()
+    completions, values = [], []
+    for ids, lps in zip(sequences[:, input_ids.size(1):].cpu().tolist(), logprobs.tolist()):
+        end = next((k + 1 for k, t in enumerate(ids) if t in eos_token_ids), len(ids))
+        completions.append(ids[:end])
+        values.append(lps[:end])
+    return completions, values
+
+
 def stop_token_ids(model, tokenizer) -> list[int]:
     ids = set()
     config = getattr(model, "generation_config", None)

@@ -56,6 +56,7 @@ class Row:
     text: str = ""
     plain_ids: list[int] = field(default_factory=list)
     context_ids: list[int] | None = None
+    sampler_logps: list[float] | None = None  # per completion token, as the sampler drew it (strip mode's π(y|x,c))
 
     @property
     def has_feedback(self) -> bool:
@@ -138,7 +139,7 @@ def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]], logp
         rows[i].completion_ids = completions[k]
         rows[i].text = model.decode(completions[k])
         if sampled is not None:
-            logprobs[i] = sampled[k]
+            logprobs[i] = rows[i].sampler_logps = sampled[k]
     return completions[len(index):]
 
 

@@ -59,7 +59,7 @@ def feedback_metrics(records: Sequence[tuple], feedback_ratio: float) -> dict[st
 
 def step_metrics(records: Sequence[tuple], feedback_ratio: float, pool_stats: dict, retrieval: dict[str, float],
                  summaries: dict, counts: dict) -> dict[str, float]:
-    """Every lanpo metric of one step: feedback, pool, retrieval, summary parsing, strip weights."""
+    """Every lanpo metric of one step: feedback, pool, retrieval, summary parsing."""
     metrics = {**feedback_metrics(records, feedback_ratio), "lanpo/pool_size": float(pool_stats["entries"]),
                "lanpo/pool_problems": float(pool_stats["problems"]), **retrieval,
                "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0))}
@@ -69,15 +69,15 @@ def step_metrics(records: Sequence[tuple], feedback_ratio: float, pool_stats: di
                         "summaries/parse_failures": float(failed),
                         "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
                         "summaries/added": float(summaries.get("parsed", 0))})
-    if counts.get("strip_weight_tokens"):
-        metrics["lanpo/strip_weight_mean"] = counts["strip_weight_sum"] / counts["strip_weight_tokens"]
-    return metrics
+    return metrics  # strip weights are logged where they are applied, in the loss (lanpo.loss)
 
 
 def time_metrics(timer: dict) -> dict[str, float]:
-    """Seconds per phase of one step; ``time/score`` is the rest of the rollout (rewards, reference pass)."""
-    metrics = {f"time/{key}": float(timer.get(key, 0.0)) for key in ("generate", "summarize", "retrieve", "update")}
-    rest = timer.get("rollout_total", 0.0) - sum(timer.get(k, 0.0) for k in ("generate", "summarize", "retrieve"))
+    """Seconds per phase of one step: generate, summarize, retrieve, reward (verification), update (loss forward,
+    backward, optimizer) and ``time/score``, the rest of the rollout (reference and old log-probabilities)."""
+    phases = ("generate", "summarize", "retrieve", "reward")
+    metrics = {f"time/{key}": float(timer.get(key, 0.0)) for key in (*phases, "update")}
+    rest = timer.get("rollout_total", 0.0) - sum(timer.get(k, 0.0) for k in phases)
     return {**metrics, "time/score": max(0.0, rest)}
 
 

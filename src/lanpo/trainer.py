@@ -24,7 +24,8 @@ from trl.models.utils import unwrap_model_for_generation
 from . import checkpoints, objective, rollout, vllm_cpu
 from .config import LanpoConfig
 from .data import with_answer_column
-from .generation import chat_ids, left_pad
+from .generation import chat_ids, left_pad, sample_with_logprobs
+from .loss import LossHooks
 from .pool import POOL_FILENAME, ExperiencePool
 from .prompts import solve_messages
 from .retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
@@ -35,7 +36,7 @@ from .summarize import Trial, entry_from_summary
 logger = logging.getLogger(__name__)
 
 
-class LanpoTrainer(GRPOTrainer):
+class LanpoTrainer(LossHooks, GRPOTrainer):
     """TRL's ``GRPOTrainer`` with LANPO's language-guided rollouts and experience pool.
 
     Arguments are ``GRPOTrainer``'s, with ``args`` a :class:`LanpoConfig`; ``reward_funcs`` defaults to math
@@ -92,15 +93,25 @@ class LanpoTrainer(GRPOTrainer):
     # -- generation ------------------------------------------------------------------------------------------
 
     def _generate_ids(self, prompt_ids: list[list[int]]) -> tuple[list[list[int]], list | None]:
-        """One completion per row (one generation each, also under vLLM). Every process generates as many rows
-        (padded with a filler prompt), since vLLM server mode slices results by process and ZeRO-3 / FSDP
-        forwards are collective."""
+        """One completion per row and the sampler's per-token log-probabilities (vLLM's, or recorded from
+        transformers' ``generate``). Every process generates as many rows (padded with a filler prompt), since
+        vLLM server mode slices results by process and ZeRO-3 / FSDP forwards are collective."""
         n = len(prompt_ids)
         width = max(gather_object([n])) if self.accelerator.num_processes > 1 else n
         if width == 0:
             return [], None
-        filler = prompt_ids[:1] or self._model_io.tokenize([solve_messages("1 + 1")])
-        completion_ids, logprobs = self._generate_single_turn(prompt_ids + filler * (width - n), None, {}, 1)
+        prompt_ids = prompt_ids + (prompt_ids[:1] or self._model_io.tokenize([solve_messages("1 + 1")])) * (width - n)
+        if self.use_vllm or self.use_transformers_continuous_batching:
+            completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
+        else:  # TRL's transformers path, with the sampled tokens' log-probabilities recorded
+            ids, mask = left_pad(prompt_ids, self._tokenizer.pad_token_id, self.accelerator.device)
+            with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
+                                              gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                                              generation_kwargs=self.generation_kwargs,
+                                              gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
+                  as model, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
+                completion_ids, logprobs = sample_with_logprobs(model, ids, mask, self.generation_config,
+                                                                self.eos_token_ids)
         return [list(c) for c in completion_ids[:n]], logprobs[:n] if logprobs is not None else None
 
     def _any_process(self, flag: bool) -> bool:
@@ -137,6 +148,8 @@ class LanpoTrainer(GRPOTrainer):
             keep_context=self.args.context_in_loss == "keep", pending=pending, timer=self._timer,
             counts=self._step_counts, judge=self._judge_model())
         self._add_summaries(pending, summaries)  # on every process: it gathers
+        if not self.use_vllm:  # TRL's transformers path has no sampler log-probabilities: rows keep them
+            output["logprobs"] = None
         return output
 
     @contextmanager
@@ -171,7 +184,9 @@ class LanpoTrainer(GRPOTrainer):
         self._timer["summarize"] += time.perf_counter() - start
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._timer["reward"] += time.perf_counter() - start
         self._rewards_per_func = rewards  # gathered over processes, (N_global, n_funcs)
         return rewards
 
@@ -198,8 +213,13 @@ class LanpoTrainer(GRPOTrainer):
             output["advantages"] = self._local(objective.separate_advantages(
                 self._rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards,
                 self.args.multi_objective_aggregation)).to(output["advantages"])
-        if self.args.context_in_loss == "strip" and any(r.has_feedback for r in rows):
-            output["advantages"] = objective.weight_advantages(output["advantages"], self._strip_weights(output))
+        if self.args.context_in_loss == "strip":
+            self._attach_context_logps(output)  # the loss weights feedback rows' tokens (lanpo.loss)
+            if "importance_sampling_ratio" in output:  # TRL's vLLM correction compares the sampler under x + c
+                has_feedback = torch.tensor([r.has_feedback for r in rows], device=output["advantages"].device)[:, None]
+                ratio = output["importance_sampling_ratio"]  # with π(y|x): the strip weight replaces it there
+                output["importance_sampling_ratio"] = torch.where(has_feedback, torch.ones_like(ratio), ratio)
+                self._applied_sampling_metrics(output, has_feedback)
         self._log_step_metrics(rewards, correct)
         trials = rollout.choose_trials(rows, rewards.tolist(), correct.tolist(), g, self.args.summaries_per_group,
                                        step, self.accelerator.process_index)
@@ -208,36 +228,6 @@ class LanpoTrainer(GRPOTrainer):
         self._pending = trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
             write_samples(self.run_dir / "samples.jsonl", rows, rewards.tolist(), step, self.args.log_samples, g)
-
-    def _strip_weights(self, output: dict) -> torch.Tensor:
-        """Per-token π(y|x)/π(y|x,c) of this batch (strip mode), from two no-grad forwards of the policy."""
-        rows, device = self._rows, self.accelerator.device
-        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        has_feedback = torch.tensor([r.has_feedback for r in rows], device=device)[:, None]
-
-        def forward(prompt_lists: list[list[int]]) -> torch.Tensor:
-            ids, mask = left_pad(prompt_lists, self.processing_class.pad_token_id, device)
-            with torch.no_grad():
-                logps, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, torch.cat([ids, completion_ids], 1), torch.cat([mask, completion_mask], 1),
-                    completion_ids.size(1), batch_size=self.args.per_device_train_batch_size)
-            return logps
-
-        # Every process runs the same forwards (collective-safe under FSDP / ZeRO-3): all rows, with rows
-        # without feedback "conditioned" on their plain prompt (weight exactly 1).
-        with_context = forward([r.context_ids if r.context_ids is not None else r.plain_ids for r in rows])
-        if output.get("sampling_per_token_logps") is not None:  # vLLM: it sampled under the context
-            with_context = torch.where(has_feedback, output["sampling_per_token_logps"], with_context)
-            if "importance_sampling_ratio" in output:  # TRL's own vLLM correction would mask these rows
-                ratio = output["importance_sampling_ratio"]
-                output["importance_sampling_ratio"] = torch.where(has_feedback, torch.ones_like(ratio), ratio)
-        plain = output.get("old_per_token_logps")
-        if plain is None:
-            plain = forward([r.plain_ids for r in rows])
-        weights = objective.strip_weights(plain, with_context, completion_mask, self.args.strip_ratio_clip)
-        self._step_counts["strip_weight_sum"] += float((weights * completion_mask).sum())
-        self._step_counts["strip_weight_tokens"] += float(completion_mask.sum())
-        return weights
 
     def _log_step_metrics(self, rewards: torch.Tensor, correct: torch.Tensor) -> None:
         local = [row_record(r, rw, c) for r, rw, c in zip(self._rows, rewards.tolist(), correct.tolist())]
