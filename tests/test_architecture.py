@@ -13,8 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 
 # Lower stages first: a module may import only modules listed before it (function-level imports included).
 STAGES = ["numbers", "answers", "prompts", "arith", "presets", "data", "models", "pool", "pool_io", "bm25", "generation", "rewards", "retrieval", "feedback",
-          "summarize", "rollout", "objective", "checkpoints", "vllm_cpu", "config", "runlog", "loss", "trainer", "sft_data", "sft", "evaluate",
-          "compare", "train", "cli", "demo", "__init__"]
+          "summarize", "rollout", "objective", "checkpoints", "vllm_cpu", "config", "runlog", "loss", "evaluate",
+          "training_eval", "trainer", "sft_data", "sft", "compare", "report", "train", "cli", "demo", "__init__"]
 
 
 def lanpo_imports(path: Path) -> set[str]:
@@ -71,3 +71,37 @@ def test_choice_fields_show_their_choices_in_help():
         parse(["--help"])
     text = out.getvalue()
     assert "{keep,strip}" in text and "{bm25,embedding,llm}" in text and "{shared,separate}" in text
+
+
+def test_train_help_shows_lanpo_fields_first_with_choices_and_every_lanpo_field():
+    from trl import GRPOConfig
+
+    from lanpo.cli import main
+    from lanpo.config import LanpoConfig
+    from lanpo.train import HELP_GROUPS, train_help
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", "--help"]) == 0
+    text = out.getvalue()
+    assert text == train_help() + "\n"
+    head = "\n".join(text.splitlines()[:60])
+    assert head.startswith("usage: lanpo train")
+    for shown in ("--feedback_ratio", "--reflection_source {auto,step,pool}", "--relevance_scorer {bm25,embedding,llm}",
+                  "--context_in_loss {keep,strip}"):
+        assert shown in head, shown
+    lanpo_fields = [f for f in LanpoConfig.__dataclass_fields__ if f not in GRPOConfig.__dataclass_fields__]
+    grouped = {name for names in HELP_GROUPS.values() for name in names}
+    assert set(lanpo_fields) <= grouped, set(lanpo_fields) - grouped
+    assert len(text.splitlines()) < 250  # not TRL's 1,400 lines
+
+
+def test_train_help_all_lists_every_field_under_lanpo_train():
+    from lanpo.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["train", "--help-all"]) == 0
+    text = out.getvalue()
+    assert text.startswith("usage: lanpo train") and "--learning_rate" in text and "--eval_every" in text
+    assert "--vllm_importance_sampling_correction" in text and len(text.splitlines()) > 1000

@@ -3,7 +3,7 @@
 A checkpoint is written under ``RUN/.staging/checkpoint-N`` (the model, optimizer, RNG states, trainer state,
 then lanpo's pool and each process's pending summaries) and renamed to ``RUN/checkpoint-N`` only when every
 process has finished writing: a run killed mid-save leaves no ``checkpoint-N`` that looks resumable, and
-``--resume latest`` always means the newest complete one. On resume, ``metrics.jsonl`` and ``samples.jsonl``
+``--resume latest`` always means the newest complete one. On resume, ``metrics.jsonl``, ``samples.jsonl`` and ``retrievals.jsonl``
 are cut back to the checkpoint's step, so the steps re-run after it are not logged twice.
 """
 
@@ -91,7 +91,7 @@ def restore(folder: Path, pool, rank: int, world_size: int, run_dir: Path) -> li
     pool.restore_from(folder / POOL_FILE)
     step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
     if rank == 0:
-        for log in ("metrics.jsonl", "samples.jsonl"):
+        for log in ("metrics.jsonl", "samples.jsonl", "retrievals.jsonl"):
             trim_jsonl(run_dir / log, step)
     return read_pending(folder, rank, world_size)
 

@@ -1,4 +1,4 @@
-"""The ``lanpo`` command: ``lanpo train | sft-data | sft | eval | pool | compare``."""
+"""The ``lanpo`` command: ``lanpo train | sft-data | sft | eval | pool | compare | report``."""
 
 from __future__ import annotations
 
@@ -278,6 +278,28 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def _report_parser(sub) -> None:
+    p = sub.add_parser("report", help="one self-contained HTML report of runs: curves, pool browser, rollouts, evals",
+                       description="Write RUN/report.html (or --out): training curves (runs overlaid), a pool browser "
+                                   "with search, rollouts with their real prompts, and evaluation tables. The file "
+                                   "works offline, opened from disk.")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each with metrics.jsonl)")
+    p.add_argument("--out", type=new_path("file"), help="output file (default: the first RUN/report.html)")
+    p.add_argument("--serve", action="store_true", help="then serve it on http://127.0.0.1:PORT (Ctrl-C stops)")
+    p.add_argument("--port", type=at_least(1), default=8000, help="port for --serve (default 8000)")
+    p.set_defaults(func=cmd_report)
+
+
+def cmd_report(args) -> int:
+    from .report import serve, write_report
+
+    out = write_report(args.runs, args.out)
+    print(f"Report: {out} ({out.stat().st_size / 1e6:.1f} MB; open it in a browser, no server needed)")
+    if args.serve:
+        serve(out, args.port)
+    return 0
+
+
 def _model_alias(argv: list[str]) -> list[str]:
     """``--model M`` is accepted for TRL's ``--model_name_or_path M``."""
     return ["--model_name_or_path" if a == "--model" else
@@ -285,9 +307,15 @@ def _model_alias(argv: list[str]) -> list[str]:
 
 
 def cmd_train(args) -> int:
-    from .train import run
+    from .train import help_parser, run, train_help
 
-    run(_model_alias(getattr(args, "rest", [])))
+    rest = getattr(args, "rest", [])
+    if "--help-all" in rest:
+        help_parser().print_help()
+    elif "-h" in rest or "--help" in rest:
+        print(train_help())
+    else:
+        run(_model_alias(rest))
     return 0
 
 
@@ -375,13 +403,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("train", add_help=False, help="train with LANPO (GRPO + language feedback); "
-                   "`lanpo train --help` lists every field").set_defaults(func=cmd_train, accepts_rest=True)
+                   "`lanpo train --help` lists LANPO's fields, --help-all every field").set_defaults(func=cmd_train, accepts_rest=True)
     _sft_data_parser(sub)
     sub.add_parser("sft", add_help=False, help="supervised fine-tuning on sft-data examples (TRL SFTTrainer); "
                    "`lanpo sft --help` lists every field").set_defaults(func=cmd_sft, accepts_rest=True)
     _eval_parser(sub)
     _pool_parser(sub)
     _compare_parser(sub)
+    _report_parser(sub)
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -391,6 +420,8 @@ def main(argv: list[str] | None = None) -> int:
         args.rest = rest
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `lanpo ... | head`
+        return 0
     except Exception as error:  # noqa: BLE001 - a command line shows a message, -v the traceback
         if args.verbose:
             raise

@@ -101,8 +101,21 @@ class LanpoConfig(GRPOConfig):
         "help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."})
 
     # -- run outputs -----------------------------------------------------------------------------------------
-    log_samples: int = field(default=4, metadata={
-        "help": "Rollouts per step written to samples.jsonl (prompt, completion, kind, reward)."})
+    log_samples: int = field(default=8, metadata={
+        "help": "Rollouts per step written to samples.jsonl (prompt, completion, kind, reward): whole groups, at "
+                "least one."})
+
+    # -- evaluation during training --------------------------------------------------------------------------
+    eval_benchmarks: str | None = field(default=None, metadata={
+        "help": "Held-out problems evaluated during training, comma-separated data specs (math500, aime24, gsm8k, "
+                "builtin:arith?split=test, a file); logged as eval/<benchmark>/<mode>/mean@k."})
+    eval_modes: str = field(default="zero-shot", metadata={
+        "help": "Evaluation modes during training, comma-separated: zero-shot, retrieval (from this run's pool)."})
+    eval_every: int = field(default=0, metadata={
+        "help": "Evaluate before the first step and every N steps (0: never)."})
+    eval_k: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
+    eval_limit: int | None = field(default=128, metadata={
+        "help": "Held-out problems per benchmark (the first N); empty for all."})
 
     def __post_init__(self) -> None:
         self._check_lanpo_fields()
@@ -160,6 +173,15 @@ class LanpoConfig(GRPOConfig):
                              f"({self.retrieval_top_k}).")
         if self.strip_ratio_clip <= 0:
             raise ValueError(f"strip_ratio_clip must be > 0, got {self.strip_ratio_clip}.")
+        if self.eval_every < 0 or self.eval_k < 1 or (self.eval_limit is not None and self.eval_limit < 1):
+            raise ValueError(f"eval_every must be >= 0 and eval_k, eval_limit >= 1; got {self.eval_every}, "
+                             f"{self.eval_k}, {self.eval_limit}.")
+        if self.eval_every and not self.eval_benchmarks:
+            raise ValueError("eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or "
+                             "builtin:arith?split=test.")
+        modes = [m.strip() for m in self.eval_modes.split(",") if m.strip()]
+        if not modes or any(m not in ("zero-shot", "retrieval") for m in modes):
+            raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")
         if self.verify_time_limit <= 0:
             raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
         for name in ("learning_rate", "temperature", "num_train_epochs"):

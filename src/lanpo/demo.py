@@ -4,7 +4,8 @@
 2. train it with LANPO (p_t = 0.75, reflection + abstraction, GRPO + KL) for a few steps on CPU;
 3. evaluate the trained model on the same held-out problems with the same settings, and print both.
 
-Everything lands in ``runs/demo`` (the run directory of ``lanpo train``, plus ``eval-before``/``eval-after``).
+Everything lands in ``runs/demo`` (the run directory of ``lanpo train``, plus ``eval-before``/``eval-after``); the demo
+ends by printing one pool entry and one feedback rollout, and writes ``runs/demo/report.html``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 from .cli import main as lanpo
+from .report import write_report
 
 DEMO_STEPS = 12
 EVAL = ["--data", "builtin:arith?split=test", "--limit", "48", "--k", "4", "--temperature", "0.7",
@@ -55,9 +57,41 @@ def main(argv: list[str] | None = None) -> int:
     table = "\n".join(lines)
     (out / "demo_results.md").write_text(table + f"\n\nTotal time: {(time.time() - start) / 60:.1f} min\n")
     print("\n" + table)
+    print(show_method(out))
+    report = write_report([out])
     print(f"\nRun directory: {out} (config.yaml, metrics.jsonl, samples.jsonl, pool.sqlite, training_curves.png, "
           f"final/); total {(time.time() - start) / 60:.1f} min")
+    print(f"Report: {report} (open it in a browser: curves, pool browser, rollouts, evaluations)")
     return 0
+
+
+def show_method(run: Path, width: int = 600) -> str:
+    """One pool entry the policy wrote and one feedback prompt with its completion, as text."""
+    from .pool import ExperiencePool
+    from .prompts import clip
+
+    lines = ["", "== What the policy wrote into its experience pool =="]
+    pool = ExperiencePool(run / "pool.sqlite", readonly=True)
+    entries, stats = pool.entries(), pool.stats()
+    pool.close()
+    if entries:
+        e = entries[-1]
+        lines += [f"entry #{e.id} (step {e.step}) on: {e.problem}", f"flow of thought: {e.flow_of_thought[:width]}",
+                  "principles:", *[f"  - {x}" for x in e.principles], "pitfalls:", *[f"  - {x}" for x in e.pitfalls],
+                  f"({stats['entries']} entries, {stats['attempts']} stored attempts in the pool)"]
+    else:
+        lines.append(f"no summary parsed into an entry yet ({stats['attempts']} stored attempts for reflection)")
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()] \
+        if (run / "samples.jsonl").is_file() else []
+    shown = next((s for s in reversed(samples) if s.get("feedback")), None)
+    lines.append("\n== One rollout generated with language feedback ==")
+    if shown:
+        lines += [f"step {shown['step']}, {shown['kind']}, reward {shown['reward']} (gold {shown['gold']})",
+                  "--- prompt ---", clip(shown["prompt"], width * 2),
+                  "--- completion ---", clip(shown["completion"], width)]
+    else:
+        lines.append("none logged (every planned feedback row fell back to its plain prompt)")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -133,11 +133,15 @@ class LossHooks:
                 self._metrics["train"]["lanpo/strip_weight_clipped"].append(float(total[2] / total[1]))
         return result
 
-    def _applied_sampling_metrics(self, output: dict, has_feedback: torch.Tensor) -> None:
-        """Replace TRL's ``sampling/*`` values of this step with those of what is applied (strip mode, vLLM): its
-        importance ratio after feedback rows were set to 1, and the sampler/trainer log-prob gap of scratch rows
-        (a feedback row's gap is the context's effect, not a sampler mismatch)."""
-        metrics, ratio = self._metrics["train"], output["importance_sampling_ratio"]
+    def _strip_vllm_correction(self, output: dict) -> None:
+        """Strip mode under vLLM: TRL's importance correction compares the sampler under x + c with π(y|x), so on
+        feedback rows it is set to 1 (the strip weight stands in for it), and TRL's ``sampling/*`` values of this
+        step are replaced by those of what is applied: the ratio after that, and the sampler/trainer log-prob gap
+        of scratch rows (a feedback row's gap is the context's effect, not a sampler mismatch)."""
+        has_feedback = torch.tensor([r.has_feedback for r in self._rows], device=output["advantages"].device)[:, None]
+        ratio = output["importance_sampling_ratio"]
+        output["importance_sampling_ratio"] = ratio = torch.where(has_feedback, torch.ones_like(ratio), ratio)
+        metrics = self._metrics["train"]
         mask = output["completion_mask"].bool()
         flat = ratio[mask] if ratio.shape == mask.shape else ratio.flatten()
         delta = (output["old_per_token_logps"] - output["sampling_per_token_logps"]).abs()

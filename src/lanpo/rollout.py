@@ -57,6 +57,7 @@ class Row:
     plain_ids: list[int] = field(default_factory=list)
     context_ids: list[int] | None = None
     sampler_logps: list[float] | None = None  # per completion token, as the sampler drew it (strip mode's π(y|x,c))
+    retrieved: list[dict] = field(default_factory=list)  # abstraction rows: the pool entries that passed γ
 
     @property
     def has_feedback(self) -> bool:
@@ -107,9 +108,10 @@ def attach_abstractions(rows: list[Row], g: int, retriever: Retriever, counts: C
     for s, hits in zip(groups, found):
         result = build_abstraction_prompt(rows[s].problem, [h.entry for h in hits], problem_id=rows[s].problem_id)
         counts["lessons_dropped"] += sum(n for reason, n in result.dropped_lessons.items() if reason != "same_problem")
+        shown = [{"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in hits]
         for row in rows[s:s + g]:
             if row.kind == "abstraction":
-                row.context, row.fallback = result.messages, result.reason
+                row.context, row.fallback, row.retrieved = result.messages, result.reason, shown
 
 
 def attach_reflections(group: list[Row], attempts: list[str], pool: ExperiencePool) -> None:

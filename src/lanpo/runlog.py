@@ -81,19 +81,33 @@ def time_metrics(timer: dict) -> dict[str, float]:
     return {**metrics, "time/score": max(0.0, rest)}
 
 
-def write_samples(path: Path, rows: list[Row], rewards: Sequence[float], step: int, limit: int, g: int) -> None:
-    """Append up to ``limit`` rows to ``samples.jsonl``: the first row of each group and feedback rows first."""
+def write_samples(path: Path, rows: list[Row], rewards: Sequence[float], step: int, limit: int, g: int,
+                  correct: Sequence[bool] | None = None) -> None:
+    """Append whole groups to ``samples.jsonl`` (``limit`` rows, at least one group): each row's real prompt
+    (its feedback context, else the plain prompt), completion, kind, reward, fallback reason and, for abstraction
+    rows, the pool entries retrieved with their relevance."""
     if limit <= 0:
         return
-    order = sorted(range(len(rows)), key=lambda i: (i % g != 0 and not rows[i].has_feedback, i))
+    groups = max(1, limit // g)
     with path.open("a") as handle:
-        for i in order[:limit]:
+        for i in range(min(len(rows), groups * g)):
             r = rows[i]
             handle.write(json.dumps({
-                "step": step, "problem_id": r.problem_id, "kind": r.kind, "feedback": r.has_feedback,
+                "step": step, "group": i // g, "problem_id": r.problem_id, "problem": r.problem, "kind": r.kind,
+                "feedback": r.has_feedback, "fallback": r.fallback,
                 "prompt": (r.context or solve_messages(r.problem))[-1]["content"], "completion": r.text,
-                "reward": float(rewards[i]), "gold": r.gold,
+                "reward": float(rewards[i]), "correct": bool(correct[i]) if correct is not None else None,
+                "gold": r.gold, "retrieved": r.retrieved,
             }, ensure_ascii=False) + "\n")
+
+
+def write_retrievals(path: Path, rows: list[Row], step: int, g: int) -> None:
+    """Append, per group that retrieved pool entries this step, which entries passed γ with what relevance."""
+    with path.open("a") as handle:
+        for s in range(0, len(rows), g):
+            hits = next((r.retrieved for r in rows[s:s + g] if r.retrieved), None)
+            if hits:
+                handle.write(json.dumps({"step": step, "problem_id": rows[s].problem_id, "retrieved": hits}) + "\n")
 
 
 def save_final_model(trainer, out_dir: str | Path) -> Path:

@@ -54,6 +54,7 @@ CHANGEABLE_ON_RESUME = {
     "max_steps", "num_train_epochs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
     "logging_strategy", "report_to", "run_name", "log_samples", "disable_tqdm", "dataloader_num_workers",
     "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "verify_time_limit",
+    "eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit",
 }
 # Run-control fields: how this command runs, never part of a saved config (re-running it must not resume).
 RUN_CONTROL = {"resume", "overwrite", "print_config"}
@@ -87,6 +88,66 @@ EMBEDDED_DEFAULTS = {
     "bf16": False,
     "seed": 0,
 }
+
+
+# `lanpo train --help`: LANPO's fields and the most used ones first, grouped; `--help-all` lists every field.
+HELP_GROUPS = {
+    "LANPO: language feedback": ["feedback_ratio", "feedback_schedule", "feedback_warmup_steps", "reflection_share",
+                                 "reflection_source"],
+    "LANPO: experience pool and retrieval": ["pool_cap", "pool_attempts_cap", "summaries_per_group",
+                                             "relevance_scorer", "relevance_threshold", "retrieval_top_k",
+                                             "retrieval_candidates", "embedding_model"],
+    "LANPO: loss and reward": ["context_in_loss", "strip_ratio_clip", "advantage_grouping", "answer_extraction",
+                               "verify_time_limit"],
+    "Evaluation during training": ["eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit"],
+    "Data and run": ["model_name_or_path", "data", "data_dir", "data_split", "data_limit", "output_dir", "resume",
+                     "overwrite", "print_config"],
+    "GRPO and training (most used)": ["num_generations", "max_completion_length", "temperature", "beta",
+                                      "learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
+                                      "gradient_accumulation_steps", "loss_type", "scale_rewards", "seed"],
+    "Scale, logging and saving (most used)": ["use_vllm", "vllm_mode", "bf16", "gradient_checkpointing", "use_peft",
+                                              "lora_r", "report_to", "logging_steps", "save_steps", "log_samples",
+                                              "push_to_hub"],
+}
+
+
+def help_parser():
+    from trl import ModelConfig, TrlParser
+
+    return TrlParser((TrainArguments, ModelConfig, LanpoConfig), prog="lanpo train",
+                     usage="lanpo train [--config FILE.yaml] [--FIELD VALUE ...]",
+                     description="Train with LANPO: TRL's GRPO + language feedback from the policy's own experience "
+                                 "pool. With neither --config nor a model, runs the embedded default (SmolLM2-135M on "
+                                 "builtin:arith, CPU-sized).")
+
+
+def train_help() -> str:
+    """The grouped help of ``lanpo train --help`` (every field: ``--help-all``)."""
+    import textwrap
+
+    parser = help_parser()
+    actions = {a.dest: a for a in parser._actions}
+    lines = [f"usage: {parser.usage}", "", textwrap.fill(parser.description, 100), "",
+             "  --config FILE.yaml    every field below as `field: value`; flags override it", "",
+             *textwrap.wrap("Defaults shown are the library's; with neither --config nor a model the embedded "
+                            "default changes a few (see them with --print_config).", 100), ""]
+    shown = set()
+    for title, names in HELP_GROUPS.items():
+        lines.append(f"{title}:")
+        for name in names:
+            action = actions[name]
+            choices = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else ""
+            default = "" if action.default in (None, "") else f" (default: {action.default})"
+            lines.append(f"  --{name} {choices}".rstrip() + default)
+            help_text = (action.help or "").replace("%%", "%")
+            lines += textwrap.wrap(help_text, 100, initial_indent="      ", subsequent_indent="      ",
+                                   break_on_hyphens=False)
+            shown.add(name)
+        lines.append("")
+    rest = len([a for a in parser._actions if a.option_strings and a.dest not in shown | {"help", "config"}])
+    lines.append(f"... and {rest} more fields of TRL's GRPOConfig, ModelConfig and transformers' TrainingArguments: "
+                 "`lanpo train --help-all`.")
+    return "\n".join(lines)
 
 
 def given_fields(argv: list[str]) -> set[str]:

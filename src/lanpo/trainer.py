@@ -30,8 +30,9 @@ from .pool import POOL_FILENAME, ExperiencePool
 from .prompts import solve_messages
 from .retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
 from .rewards import MathVerifier, make_accuracy_reward
-from .runlog import MetricsFileCallback, row_record, step_metrics, time_metrics, write_samples
+from .runlog import MetricsFileCallback, row_record, step_metrics, time_metrics, write_retrievals, write_samples
 from .summarize import Trial, entry_from_summary
+from .training_eval import TrainingEval, load_eval_problems
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: LanpoConfig | None = None, train_dataset=None,
                  eval_dataset=None, processing_class=None, callbacks=None, optimizers=(None, None),
-                 peft_config=None, pool: ExperiencePool | None = None) -> None:
+                 peft_config=None, pool: ExperiencePool | None = None,
+                 eval_problems: dict[str, list] | None = None) -> None:
         args = args if args is not None else LanpoConfig(output_dir="runs/lanpo")
         if not isinstance(args, LanpoConfig):
             raise TypeError(f"LanpoTrainer needs a LanpoConfig, got {type(args).__name__}.")
@@ -89,6 +91,9 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         self._batch_inputs, self._rewards_per_func = None, None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
+        if args.eval_every:
+            self.add_callback(TrainingEval(self, eval_problems or load_eval_problems(args.eval_benchmarks,
+                                                                                     args.eval_limit)))
 
     # -- generation ------------------------------------------------------------------------------------------
 
@@ -215,19 +220,22 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 self.args.multi_objective_aggregation)).to(output["advantages"])
         if self.args.context_in_loss == "strip":
             self._attach_context_logps(output)  # the loss weights feedback rows' tokens (lanpo.loss)
-            if "importance_sampling_ratio" in output:  # TRL's vLLM correction compares the sampler under x + c
-                has_feedback = torch.tensor([r.has_feedback for r in rows], device=output["advantages"].device)[:, None]
-                ratio = output["importance_sampling_ratio"]  # with π(y|x): the strip weight replaces it there
-                output["importance_sampling_ratio"] = torch.where(has_feedback, torch.ones_like(ratio), ratio)
-                self._applied_sampling_metrics(output, has_feedback)
+            if "importance_sampling_ratio" in output:
+                self._strip_vllm_correction(output)
         self._log_step_metrics(rewards, correct)
+        logged = self._logs["prompt"]  # TRL's completions table logged feedback rows with their plain prompt
+        contexts = [c for part in gather_object([[r.context for r in rows]]) for c in part]
+        for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):  # paired from the newest
+            logged[k] = context if context is not None else logged[k]
         trials = rollout.choose_trials(rows, rewards.tolist(), correct.tolist(), g, self.args.summaries_per_group,
                                        step, self.accelerator.process_index)
         for batch in gather_object([rollout.attempts_to_store(rows, step)]):
             self.pool.add_attempts(batch)
         self._pending = trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
-            write_samples(self.run_dir / "samples.jsonl", rows, rewards.tolist(), step, self.args.log_samples, g)
+            write_samples(self.run_dir / "samples.jsonl", rows, rewards.tolist(), step, self.args.log_samples, g,
+                          correct.tolist())
+            write_retrievals(self.run_dir / "retrievals.jsonl", rows, step, g)
 
     def _log_step_metrics(self, rewards: torch.Tensor, correct: torch.Tensor) -> None:
         local = [row_record(r, rw, c) for r, rw, c in zip(self._rows, rewards.tolist(), correct.tolist())]

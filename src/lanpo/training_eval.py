@@ -1,0 +1,87 @@
+"""Evaluation during training: held-out mean@k before the first step and every ``eval_every`` steps.
+
+The metrics are logged as ``eval/<benchmark>/<mode>/mean@k`` (with ``_stderr``, ``pass@k`` and, for retrieval,
+``context_rate``) through the trainer's callbacks, so they reach ``metrics.jsonl`` and every ``report_to`` target,
+as TRL users expect from ``eval_strategy``. Modes: ``zero-shot`` (the test condition) and ``retrieval`` (the run's
+own pool, through the training retriever). Sampling runs under a forked RNG, so a run with evaluation trains
+exactly as one without. Every process evaluates the same problems (generation under ZeRO-3 / FSDP is collective).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+from transformers import Trainer, TrainerCallback
+
+from .data import Problem, load_problems
+from .evaluate import EvalSettings, evaluate
+
+logger = logging.getLogger(__name__)
+
+EVAL_MODES = ("zero-shot", "retrieval")
+
+
+def benchmark_name(spec: str) -> str:
+    """A short metric name for a data spec: ``math500``, ``arith`` (builtin:arith?split=test), a file's stem."""
+    base = spec.split("?")[0].removeprefix("builtin:")
+    return Path(base).stem if ("/" in base or "." in base) else base
+
+
+def load_eval_problems(specs: str, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
+    """The held-out problems of ``eval_benchmarks`` (comma-separated data specs), by metric name."""
+    problems = {}
+    for spec in (s.strip() for s in specs.split(",") if s.strip()):
+        split = "test" if spec.startswith("builtin:") and "split=" not in spec else None
+        problems[benchmark_name(spec)] = load_problems(spec, split=split, limit=limit, data_dir=data_dir)
+    return problems
+
+
+class TrainingEval(TrainerCallback):
+    """Added by ``LanpoTrainer`` when ``eval_every > 0``."""
+
+    def __init__(self, trainer, problems: dict[str, list[Problem]]) -> None:
+        self.trainer, self.problems = trainer, problems
+        self.modes = [m.strip() for m in trainer.args.eval_modes.split(",") if m.strip()]
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step == 0:
+            self.run(0)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % args.eval_every == 0:
+            self.run(state.global_step)
+
+    def run(self, step: int) -> dict[str, float]:
+        from trl.models.utils import unwrap_model_for_generation
+
+        trainer, args = self.trainer, self.trainer.args
+        settings = EvalSettings(k=args.eval_k, temperature=args.temperature, max_new_tokens=args.max_completion_length,
+                                extraction=args.answer_extraction, verify_time_limit=args.verify_time_limit,
+                                seed=args.seed + step)
+        metrics, start = {}, time.perf_counter()
+        retriever = trainer.retriever
+        saved_stats = retriever.stats  # training's retrieval metrics stay training's
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+        with (torch.random.fork_rng(devices=devices),
+              unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
+                                          gather_deepspeed3_params=args.ds3_gather_for_generation) as model,
+              trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False)):
+            for name, problems in self.problems.items():
+                results = evaluate(model, trainer.processing_class, problems, settings, self.modes,
+                                   retriever=retriever, describe={"pool": "this run's pool"})
+                for result in results:
+                    for key in (f"mean@{args.eval_k}", f"mean@{args.eval_k}_stderr", f"pass@{args.eval_k}",
+                                "context_rate"):
+                        if key in result.metrics:
+                            metrics[f"eval/{name}/{result.mode}/{key}"] = float(result.metrics[key])
+        retriever.stats = saved_stats
+        metrics["eval/seconds"] = time.perf_counter() - start
+        logger.info("Step %d evaluation: %s", step, ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()
+                                                              if "stderr" not in k))
+        should_log = trainer.control.should_log  # logging resets it: the step's own log must still happen
+        Trainer.log(trainer, metrics)  # transformers' log: straight to the callbacks, not merged with TRL's metrics
+        trainer.control.should_log = should_log
+        return metrics

@@ -1,0 +1,162 @@
+"""Evaluation during training, report_to with a local tracker, and `lanpo report` opened in a real headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from lanpo.cli import main as lanpo
+from lanpo.pool import ExperiencePool
+from test_trainer import make_trainer, stub_summaries
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tiny_model_dir, tmp_path_factory):
+    """A 3-step LANPO run with evaluation every 2 steps, logged to TensorBoard, its pool filled by canned summaries."""
+    pytest.importorskip("tensorboard")
+    tmp = tmp_path_factory.mktemp("report")
+    trainer = make_trainer(tiny_model_dir, tmp, max_steps=3, eval_every=2, eval_benchmarks="builtin:arith?split=test",
+                           eval_limit=4, eval_k=2, eval_modes="zero-shot,retrieval", report_to="tensorboard",
+                           log_samples=8)  # TensorBoard logs under RUN/runs/
+    stub_summaries(trainer)
+    trainer.train()
+    return Path(trainer.args.output_dir)
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_evaluation_during_training_is_logged_at_step_zero_and_every_n_steps(trained_run):
+    evals = [r for r in rows(trained_run / "metrics.jsonl") if any(k.startswith("eval/") for k in r)]
+    assert [r["step"] for r in evals] == [0, 2]
+    for r in evals:
+        assert 0.0 <= r["eval/arith/zero-shot/mean@2"] <= 1.0 and "eval/arith/zero-shot/mean@2_stderr" in r
+        assert 0.0 <= r["eval/arith/retrieval/context_rate"] <= 1.0
+    train_rows = [r for r in rows(trained_run / "metrics.jsonl") if "loss" in r]
+    assert len(train_rows) == 3 and all("lanpo/feedback_share" in r for r in train_rows)  # training logs intact
+
+
+def test_evaluation_does_not_change_training(tiny_model_dir, tmp_path):
+    """Sampling for evaluation runs under a forked RNG: the same seed trains to the same weights with or without it."""
+    import torch
+
+    plain = make_trainer(tiny_model_dir, tmp_path, name="plain", max_steps=2)
+    plain.train()
+    evaluated = make_trainer(tiny_model_dir, tmp_path, name="eval", max_steps=2, eval_every=1,
+                             eval_benchmarks="builtin:arith?split=test", eval_limit=2, eval_k=1)
+    evaluated.train()
+    for a, b in zip(plain.model.parameters(), evaluated.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_report_to_tensorboard_receives_the_lanpo_and_eval_metrics(trained_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = list(trained_run.rglob("events.out.tfevents.*"))
+    assert files
+    tags = set()
+    for f in files:
+        acc = EventAccumulator(str(f))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    for expected in ("train/lanpo/feedback_share", "train/lanpo/pool_size", "train/time/generate",
+                     "train/eval/arith/zero-shot/mean@2"):
+        assert expected in tags, sorted(tags)
+
+
+def test_samples_log_whole_groups_with_their_real_prompts(trained_run):
+    samples = rows(trained_run / "samples.jsonl")
+    by_group = {}
+    for s in samples:
+        by_group.setdefault((s["step"], s["group"]), []).append(s)
+    assert all(len(g) == 4 for g in by_group.values())  # G = 4: log_samples 8 = two whole groups a step
+    feedback = [s for s in samples if s["feedback"]]
+    assert feedback and all(s["prompt"] != s["problem"] and s["problem"] in s["prompt"] for s in feedback)
+
+
+def test_report_is_one_self_contained_file_with_every_part(trained_run, tmp_path):
+    out = tmp_path / "report.html"
+    assert lanpo(["report", str(trained_run), "--out", str(out)]) == 0
+    text = out.read_text()
+    assert not re.search(r"""(src|href)=["']?https?:""", text) and "<link" not in text  # nothing fetched
+    data = json.loads(re.search(r'<script type="application/json" id="lanpo-data">(.*?)</script>', text,
+                                re.S).group(1).replace("<\\/", "</"))
+    run = data["runs"][0]
+    assert run["pool"]["entries"] and run["groups"] and "eval/arith/zero-shot/mean@2" in run["metrics"]
+    assert run["config"] and len(run["metrics"]["reward"]) == 3
+
+
+def test_report_of_a_large_run_is_cut_and_says_so(trained_run, tmp_path, monkeypatch):
+    import lanpo.report
+
+    monkeypatch.setattr(lanpo.report, "MAX_GROUPS", 2)
+    monkeypatch.setattr(lanpo.report, "MAX_ENTRIES", 1)
+    run = lanpo.report.collect(trained_run)
+    assert len(run["groups"]) == 2 and run["total_groups"] > 2
+    assert len(run["pool"]["entries"]) == 1 and run["pool"]["total_entries"] > 1
+
+
+def test_report_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    assert lanpo(["report", str(tmp_path)]) == 2
+    assert "metrics.jsonl" in capsys.readouterr().err
+
+
+def _chromium(url: str, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *flags, url],
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it when apt-get can)")
+def test_report_in_headless_chromium_loads_cleanly_searches_the_pool_and_shows_rollouts(trained_run, tmp_path):
+    out = tmp_path / "report.html"
+    assert lanpo(["report", str(trained_run), "--out", str(out)]) == 0
+    pool = ExperiencePool(trained_run / "pool.sqlite", readonly=True)
+    entries = pool.entries()
+    pool.close()
+    target = entries[-1]
+    url = out.as_uri()
+
+    page = _chromium(url + "#tab=Pool&search=" + target.problem_id, "--dump-dom")
+    assert page.returncode == 0, page.stderr[-2000:]
+    console_errors = [line for line in page.stderr.splitlines() if "CONSOLE" in line and
+                      re.search(r"error|uncaught", line, re.I)]
+    assert not console_errors, console_errors
+    assert 'data-errors' not in page.stdout  # the page's own error counter never fired
+    shown = {int(i) for i in re.findall(r"entry #(\d+) · problem", page.stdout.replace("&middot;", "·"))}
+    query = target.problem_id.lower()  # the page's filter: any of these fields contains the query
+    expected = {e.id for e in entries if query in " ".join([e.problem, e.flow_of_thought, *e.principles, *e.pitfalls,
+                                                              e.problem_id]).lower()}
+    assert target.id in shown and shown == expected and len(expected) < len(entries), (shown, expected)
+
+    rollouts = _chromium(url + "#tab=Rollouts", "--dump-dom")
+    assert "with feedback" in rollouts.stdout and "from scratch" in rollouts.stdout
+    sample = next(s for s in rows(trained_run / "samples.jsonl") if s["feedback"])
+    assert sample["kind"] in rollouts.stdout
+
+    curves = _chromium(url, "--dump-dom")
+    assert curves.stdout.count("<svg") >= 10 and "Held-out evaluation" in curves.stdout
+
+    shot = tmp_path / "report-pool.png"
+    _chromium(url + "#tab=Pool", f"--screenshot={shot}", "--window-size=1400,1000")
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    keep = Path(__file__).resolve().parents[1] / "runs" / "test-screenshots"
+    keep.mkdir(parents=True, exist_ok=True)
+    shutil.copy(shot, keep / "report-pool.png")
+
+
+def test_demo_shows_a_pool_entry_and_a_feedback_rollout(trained_run):
+    from lanpo.demo import show_method
+
+    text = show_method(trained_run)
+    assert "principles:" in text and "pitfalls:" in text and "--- prompt ---" in text and "--- completion ---" in text
+    entry = ExperiencePool(trained_run / "pool.sqlite", readonly=True).entries()[-1]
+    assert f"entry #{entry.id}" in text
