@@ -155,3 +155,28 @@ def test_keep_mode_with_several_micro_batches_trains_on_buckets(tiny_model_dir, 
         compute_loss(model, inputs)
     trainer.train()
     assert len(widths) == 4 and any(w != max(widths) for w in widths)  # micro-batches cut to their own widths
+
+
+def test_prefill_in_buckets_continues_exactly_as_one_padded_prefill(tiny_model_dir):
+    """Greedy completions and their log-probabilities are the same whether generate prefills the padded batch
+    itself or continues from the two-bucket cache."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    import lanpo.generation as generation
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in (5, 7, 40, 3, 38, 45, 6)]
+    ids, mask = left_pad(prompts, 0)
+    assert generation.prefill_in_buckets(model, ids, mask) is not None
+    config = GenerationConfig(max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=[2])
+    bucketed = generation.sample_with_logprobs(model, ids, mask, config, [2])
+    original = generation.prefill_in_buckets
+    try:
+        generation.prefill_in_buckets = lambda *a: None
+        plain = generation.sample_with_logprobs(model, ids, mask, config, [2])
+    finally:
+        generation.prefill_in_buckets = original
+    assert bucketed[0] == plain[0]
+    for a, b in zip(bucketed[1], plain[1]):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)

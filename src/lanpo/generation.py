@@ -87,8 +87,11 @@ def sample_with_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
     from transformers import LogitsProcessorList
 
     recorder = SampledLogprobs(generation_config.temperature if generation_config.do_sample else 1.0)
+    cache = None if getattr(generation_config, "cache_implementation", None) else \
+        prefill_in_buckets(model, input_ids, attention_mask)
     sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                               logits_processor=LogitsProcessorList([recorder]))
+                               logits_processor=LogitsProcessorList([recorder]),
+                               **({"past_key_values": cache} if cache is not None else {}))
     logprobs = recorder.finish(sequences).cpu()
     completions, values = [], []
     for ids, lps in zip(sequences[:, input_ids.size(1):].cpu().tolist(), logprobs.tolist()):
@@ -96,6 +99,41 @@ def sample_with_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.T
         completions.append(ids[:end])
         values.append(lps[:end])
     return completions, values
+
+
+def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+    """A KV cache of every left-padded prompt but its last token, prefilled in two buckets (prompts up to half the
+    width, and the rest) so that short prompts (scratch rows) do not pay for the padding of long ones (feedback
+    contexts, summary prompts); ``generate`` continues from it with the same positions it would have used. ``None``
+    when nothing is saved or the model's cache is not plain full attention (then ``generate`` prefills as usual)."""
+    from transformers import DynamicCache
+
+    lengths, width = attention_mask.sum(1), input_ids.size(1)
+    short = lengths <= width // 2
+    if width < 16 or not bool(short.any()) or bool(short.all()):
+        return None
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    with torch.no_grad():
+        for rows in (short.nonzero()[:, 0], (~short).nonzero()[:, 0]):
+            span = int(lengths[rows].max())
+            if span < 2:
+                continue
+            mask = attention_mask[rows, width - span:width - 1]
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate computes them
+            cache = model(input_ids=input_ids[rows, width - span:width - 1], attention_mask=mask,
+                          position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
+            layers = getattr(cache, "layers", None)
+            if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
+                return None
+            for i, layer in enumerate(layers):
+                if len(keys) <= i:
+                    shape = (len(input_ids), *layer.keys.shape[1:2], width - 1, layer.keys.shape[-1])
+                    keys.append(layer.keys.new_zeros(shape))
+                    values.append(layer.values.new_zeros((*shape[:3], layer.values.shape[-1])))
+                keys[i][rows, :, width - span:] = layer.keys
+                values[i][rows, :, width - span:] = layer.values
+    return DynamicCache(ddp_cache_data=list(zip(keys, values))) if keys else None
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:
