@@ -160,3 +160,11 @@ def test_demo_shows_a_pool_entry_and_a_feedback_rollout(trained_run):
     assert "principles:" in text and "pitfalls:" in text and "--- prompt ---" in text and "--- completion ---" in text
     entry = ExperiencePool(trained_run / "pool.sqlite", readonly=True).entries()[-1]
     assert f"entry #{entry.id}" in text
+
+
+def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=1, reflection_share=1.0)
+    trainer.train()
+    prompts = [p[-1]["content"] for p in trainer._logs["prompt"]]
+    assert any("Earlier attempt" in p for p in prompts)  # reflection rows: their feedback prompt, not the plain one
+    assert any("Earlier attempt" not in p for p in prompts)  # scratch rows: the plain prompt
