@@ -20,7 +20,8 @@ prompts shows as such.
 
 ``--min-new-tokens 512`` forces every completion to 512 tokens (``max_completion_length`` 512 and
 ``generation_kwargs.min_new_tokens``): the regime of real runs, where contexts are small against completions.
-Ratios ÷ our GRPO are printed last.
+Every arm runs in a process of its own (the same memory start, nothing kept between arms). Ratios ÷ our GRPO are
+printed last.
 
     python benchmarks/step_overhead.py [--steps 4] [--repeats 1] [--min-new-tokens 512] [--arms trl,grpo,lanpo,...]
 """
@@ -33,6 +34,8 @@ import os
 import platform
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -121,7 +124,15 @@ def main() -> None:
                         help="run the arms this many times, in reversed order every other time (order effects)")
     parser.add_argument("--min-new-tokens", type=int, default=None,
                         help="force every completion to this many tokens (also max_completion_length)")
+    parser.add_argument("--_one", nargs=3, metavar=("ARM", "OUT", "WARM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args._one:  # one arm in a process of its own: the same memory start for every arm, none kept between arms
+        arm, out, warm = args._one
+        dataset = to_prompt_dataset(builtin_arith("1", n=4, seed=0))
+        result = run_arm(arm, args.steps, resolve_model_path("smollm2-135m"), dataset, out, args.min_new_tokens,
+                         warm or None)
+        print("RESULT " + json.dumps(result), flush=True)
+        return
     from lanpo.config import LanpoConfig
 
     default_mode = LanpoConfig.__dataclass_fields__["context_in_loss"].default
@@ -140,9 +151,15 @@ def main() -> None:
         for repeat in range(args.repeats):
             for arm in (arms if repeat % 2 == 0 else arms[::-1]):
                 out = os.path.join(workdir, f"{arm}-{repeat}")
-                runs.setdefault(arm, []).append(run_arm(arm, args.steps, model_path, dataset, out,
-                                                        args.min_new_tokens, warm))
+                command = [sys.executable, __file__, "--steps", str(args.steps), "--_one", arm, out, warm or ""]
+                if args.min_new_tokens:
+                    command += ["--min-new-tokens", str(args.min_new_tokens)]
+                done = subprocess.run(command, capture_output=True, text=True)
                 shutil.rmtree(out, ignore_errors=True)
+                found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+                if done.returncode or not found:
+                    raise RuntimeError(f"arm {arm} failed (exit {done.returncode}): {done.stderr[-2000:]}")
+                runs.setdefault(arm, []).append(json.loads(found[-1][len("RESULT "):]))
                 print(arm, repeat, json.dumps(runs[arm][-1]), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

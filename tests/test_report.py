@@ -99,9 +99,13 @@ def test_report_of_a_large_run_is_cut_and_says_so(trained_run, tmp_path, monkeyp
 
     monkeypatch.setattr(lanpo.report, "MAX_GROUPS", 2)
     monkeypatch.setattr(lanpo.report, "MAX_ENTRIES", 1)
+    monkeypatch.setattr(lanpo.report, "MAX_TEXT", 20)
     run = lanpo.report.collect(trained_run)
     assert len(run["groups"]) == 2 and run["total_groups"] > 2
     assert len(run["pool"]["entries"]) == 1 and run["pool"]["total_entries"] > 1
+    prompts = [r["prompt"] for g in run["groups"] for r in g["rows"]]
+    assert all(len(p) <= 20 or (len(p.split(" [... ")[0]) == 20 and p.endswith("more characters]")) for p in prompts)
+    assert any("more characters]" in p for p in prompts)
 
 
 def test_report_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):

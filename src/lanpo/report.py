@@ -5,7 +5,8 @@ prompts retrieved each entry with what relevance, stored attempts), rollouts (ea
 beside their completions and rewards, next to the group's scratch rollouts; filters by kind and reward),
 evaluation (during training and the run's ``eval-*`` directories) and the resolved config. Large runs stay usable:
 at most :data:`MAX_ENTRIES` pool entries and :data:`MAX_GROUPS` rollout groups per run are embedded (the newest
-entries; groups evenly spread over the steps), the page says when it cut, and lists paginate.
+entries; groups evenly spread over the steps), texts longer than :data:`MAX_TEXT` characters are cut (marked),
+the page says when it cut, and lists paginate.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from .pool import POOL_FILENAME, ExperiencePool
 logger = logging.getLogger(__name__)
 
 MAX_ENTRIES = 5000
-MAX_GROUPS = 2000
+MAX_GROUPS = 600
 MAX_ATTEMPTS = 5000
+MAX_TEXT = 4000  # characters of one prompt, completion or attempt kept in the page (the rest is marked as cut)
 
 # (title, metric keys): one chart each; a key ending in "*" takes every metric with that prefix.
 PANELS = [
@@ -73,6 +75,11 @@ def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
     return out
 
 
+def _cut(text) -> str:
+    text = str(text or "")
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f" [... {len(text) - MAX_TEXT} more characters]"
+
+
 def _groups(samples: list[dict]) -> tuple[list[dict], int]:
     """Logged rollouts as groups (step, group) in order, evenly thinned to MAX_GROUPS; and how many there were."""
     groups: dict[tuple, dict] = {}
@@ -80,8 +87,9 @@ def _groups(samples: list[dict]) -> tuple[list[dict], int]:
         key = (row.get("step"), row.get("group", i))
         group = groups.setdefault(key, {"step": row.get("step"), "problem": row.get("problem", ""),
                                         "problem_id": row.get("problem_id"), "gold": row.get("gold"), "rows": []})
-        group["rows"].append({k: row.get(k) for k in ("kind", "feedback", "fallback", "prompt", "completion",
-                                                       "reward", "correct", "retrieved")})
+        group["rows"].append({**{k: row.get(k) for k in ("kind", "feedback", "fallback", "reward", "correct",
+                                                          "retrieved")},
+                              "prompt": _cut(row.get("prompt")), "completion": _cut(row.get("completion"))})
     ordered = list(groups.values())
     if len(ordered) > MAX_GROUPS:
         stride = len(ordered) / MAX_GROUPS
@@ -117,7 +125,7 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
         "entries": [{"id": e.id, "problem_id": e.problem_id, "problem": e.problem, "flow": e.flow_of_thought,
                      "principles": e.principles, "pitfalls": e.pitfalls, "step": e.step, "correct": e.correct,
                      "reward": e.reward, "retrieved_by": used.get(e.id, [])} for e in entries],
-        "attempts": [{"problem_id": r[0], "text": r[1], "step": r[2]} for r in rows],
+        "attempts": [{"problem_id": r[0], "text": _cut(r[1]), "step": r[2]} for r in rows],
         "total_entries": total, "total_attempts": total_attempts,
     }
 
