@@ -94,6 +94,8 @@ CASES = [  # (argv, what the message must name)
     (["train", "--output_dir", "afile"], "afile"), (["train", "--learning_rate", "-1"], "learning_rate"),
     (["train", "--max_completion_length", "0"], "max_completion_length"),
     (["train", "--num_generations", "1"], "num_generations"), (["train", "--feedback_ratio", "1.5"], "feedback_ratio"),
+    (["train", "--eval_every", "1"], "eval_benchmarks"), (["train", "--eval_modes", "magic"], "eval_modes"),
+    (["train", "--eval_every", "1", "--eval_benchmarks", "missing-heldout.jsonl"], "missing-heldout.jsonl"),
     (["train", "--relevance_scorer", "vibes"], "vibes"), (["train", "--temperature", "0"], "temperature"),
     (["train", "--beta", "-0.1"], "beta"), (["train", "--max_steps", "0"], "max_steps"),
     (["train", "--per_device_train_batch_size", "6"], "num_generations"),

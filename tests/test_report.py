@@ -103,6 +103,8 @@ def test_report_of_a_large_run_is_cut_and_says_so(trained_run, tmp_path, monkeyp
     run = lanpo.report.collect(trained_run)
     assert len(run["groups"]) == 2 and run["total_groups"] > 2
     assert len(run["pool"]["entries"]) == 1 and run["pool"]["total_entries"] > 1
+    newest = ExperiencePool(trained_run / "pool.sqlite", readonly=True).entries()[-1]
+    assert run["pool"]["entries"][0]["id"] == newest.id  # the newest are kept
     prompts = [r["prompt"] for g in run["groups"] for r in g["rows"]]
     assert all(len(p) <= 20 or (len(p.split(" [... ")[0]) == 20 and p.endswith("more characters]")) for p in prompts)
     assert any("more characters]" in p for p in prompts)
@@ -167,7 +169,7 @@ def test_demo_shows_a_pool_entry_and_a_feedback_rollout(trained_run):
 
 
 def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=1, reflection_share=1.0)
+    trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=1, reflection_share=1.0, log_completions=True)
     trainer.train()
     prompts = [p[-1]["content"] for p in trainer._logs["prompt"]]
     assert any("Earlier attempt" in p for p in prompts)  # reflection rows: their feedback prompt, not the plain one

@@ -155,7 +155,7 @@ def _benchmarks() -> list[str]:
 
 
 def cmd_eval(args) -> int:
-    from .data import load_problems
+    from .data import default_split, load_problems
     from .evaluate import EvalSettings, evaluate, settings_dict, write_results
     from .generation import is_vllm
     from .models import check_model_name
@@ -176,8 +176,8 @@ def cmd_eval(args) -> int:
                             extraction=_extraction(args.extraction, args.model), rounds=args.rounds, seed=args.seed)
     datasets = {}
     for spec in specs:  # load every data set first: a typo fails before the model loads
-        split = args.split or ("test" if spec.startswith("builtin:") and "split=" not in spec else None)
-        datasets[spec] = load_problems(spec, split=split, limit=args.limit, **_field_kwargs(args))
+        datasets[spec] = load_problems(spec, split=args.split or default_split(spec), limit=args.limit,
+                                       **_field_kwargs(args))
     model, tokenizer = load_for_generation(_model_path(args.model), args.backend, args.dtype, args.device, args.seed)
     mode_kwargs = {}
     if "retrieval" in modes:

@@ -20,6 +20,7 @@ Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["keep", "strip"]
 AdvantageGrouping = Literal["shared", "separate"]
 Extraction = Literal["strict", "lenient"]
+EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
 CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = get_args(ContextInLoss), get_args(AdvantageGrouping), \
     get_args(Extraction)
@@ -179,8 +180,8 @@ class LanpoConfig(GRPOConfig):
         if self.eval_every and not self.eval_benchmarks:
             raise ValueError("eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or "
                              "builtin:arith?split=test.")
-        modes = [m.strip() for m in self.eval_modes.split(",") if m.strip()]
-        if not modes or any(m not in ("zero-shot", "retrieval") for m in modes):
+        modes = self.eval_mode_list()
+        if not modes or any(m not in EVAL_MODES for m in modes):
             raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")
         if self.verify_time_limit <= 0:
             raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
@@ -194,6 +195,9 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"beta (the KL coefficient) must be >= 0, got {self.beta}.")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}.")
+
+    def eval_mode_list(self) -> list[str]:
+        return [m.strip() for m in self.eval_modes.split(",") if m.strip()]
 
     def feedback_ratio_at(self, step: int) -> float:
         """p_t at optimizer step ``step`` under the configured schedule."""

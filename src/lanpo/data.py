@@ -281,6 +281,11 @@ def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
 # The one loader
 
 
+def default_split(spec: str) -> str | None:
+    """The split held-out evaluation reads when none is named: ``test`` for ``builtin:`` sets, else the source's."""
+    return "test" if spec.startswith("builtin:") and "split=" not in spec else None
+
+
 def load_problems(
     spec: str,
     split: str | None = None,

@@ -69,6 +69,7 @@ def show_method(run: Path, width: int = 600) -> str:
     """One pool entry the policy wrote and one feedback prompt with its completion, as text."""
     from .pool import ExperiencePool
     from .prompts import clip
+    from .runlog import read_jsonl
 
     lines = ["", "== What the policy wrote into its experience pool =="]
     pool = ExperiencePool(run / "pool.sqlite", readonly=True)
@@ -81,9 +82,7 @@ def show_method(run: Path, width: int = 600) -> str:
                   f"({stats['entries']} entries, {stats['attempts']} stored attempts in the pool)"]
     else:
         lines.append(f"no summary parsed into an entry yet ({stats['attempts']} stored attempts for reflection)")
-    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()] \
-        if (run / "samples.jsonl").is_file() else []
-    shown = next((s for s in reversed(samples) if s.get("feedback")), None)
+    shown = next((s for s in reversed(read_jsonl(run / "samples.jsonl")) if s.get("feedback")), None)
     lines.append("\n== One rollout generated with language feedback ==")
     if shown:
         lines += [f"step {shown['step']}, {shown['kind']}, reward {shown['reward']} (gold {shown['gold']})",

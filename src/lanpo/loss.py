@@ -92,7 +92,7 @@ class LossHooks:
         width = completion_ids.size(1)
         logps = torch.full(completion_ids.shape, float("nan"), device=device)
         for i, row in enumerate(rows):
-            if row.has_feedback and row.sampler_logps is not None and row.sampler_logps:
+            if row.has_feedback and row.sampler_logps:
                 values = torch.tensor([float("nan") if v is None else v for v in row.sampler_logps[:width]])
                 logps[i, :len(values)] = values.to(device)
         if any_missing:

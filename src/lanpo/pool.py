@@ -334,8 +334,8 @@ class ExperiencePool:
         return self.conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
 
     def entries(self, problem_id: str | None = None, ids: Iterable[int] | None = None,
-                limit: int | None = None) -> list[PoolEntry]:
-        """Entries, oldest first; filtered by problem or by ids."""
+                limit: int | None = None, newest: bool = False) -> list[PoolEntry]:
+        """Entries, oldest first; filtered by problem or by ids; ``newest``: the last ``limit`` of them."""
         query, params = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries", []
         if ids is not None:
             ids = list(ids)
@@ -350,11 +350,12 @@ class ExperiencePool:
         if problem_id is not None:
             query += " WHERE problem_id = ?"
             params.append(problem_id)
-        query += " ORDER BY id"
+        query += " ORDER BY id DESC" if newest else " ORDER BY id"
         if limit is not None:
             query += " LIMIT ?"
             params.append(int(limit))
-        return [_row_to_entry(r) for r in self.conn.execute(query, params)]
+        found = [_row_to_entry(r) for r in self.conn.execute(query, params)]
+        return found[::-1] if newest else found
 
     def iter_entries(self, batch: int = 10_000) -> Iterator[PoolEntry]:
         last = 0
@@ -367,11 +368,12 @@ class ExperiencePool:
                 yield _row_to_entry(row)
             last = rows[-1][0]
 
-    def attempts(self, problem_id: str, limit: int | None = None) -> list[Attempt]:
-        """Stored raw attempts at a problem, newest first."""
+    def attempts(self, problem_id: str | None, limit: int | None = None) -> list[Attempt]:
+        """Stored raw attempts at a problem (``None``: at every problem), newest first."""
+        where = "WHERE problem_id = ?" if problem_id is not None else "WHERE ? IS NULL"
         rows = self.conn.execute(
-            "SELECT id, problem_id, problem, text, step, created FROM attempts WHERE problem_id = ? ORDER BY id DESC "
-            "LIMIT ?", (problem_id, -1 if limit is None else int(limit))).fetchall()
+            f"SELECT id, problem_id, problem, text, step, created FROM attempts {where} ORDER BY id DESC LIMIT ?",
+            (problem_id, -1 if limit is None else int(limit))).fetchall()
         return [Attempt(problem_id=r[1], problem=r[2], text=r[3], step=r[4], created=r[5], id=r[0]) for r in rows]
 
     def stats(self) -> dict:

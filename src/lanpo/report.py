@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 
 from .pool import POOL_FILENAME, ExperiencePool
+from .runlog import read_jsonl, read_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -45,20 +46,6 @@ PANELS = [
     ("Time per phase (s)", ["time/generate", "time/summarize", "time/retrieve", "time/reward", "time/score",
                             "time/update"]),
 ]
-
-
-def _jsonl(path: Path) -> list[dict]:
-    rows = []
-    if path.is_file():
-        with path.open(encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(row, dict):
-                    rows.append(row)
-    return rows
 
 
 def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
@@ -101,15 +88,10 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
     path = run_dir / POOL_FILENAME
     if not path.is_file():
         return {"entries": [], "attempts": [], "total_entries": 0, "total_attempts": 0}
-    pool = ExperiencePool(path, readonly=True)
-    try:
-        total = len(pool)
-        entries = list(pool.iter_entries())[-MAX_ENTRIES:]
-        rows = pool.conn.execute("SELECT problem_id, text, step FROM attempts ORDER BY id DESC LIMIT ?",
-                                 (MAX_ATTEMPTS,)).fetchall()
-        total_attempts = pool.conn.execute("SELECT COUNT(*) FROM attempts").fetchone()[0]
-    finally:
-        pool.close()
+    with ExperiencePool(path, readonly=True) as pool:
+        stats = pool.stats()
+        entries = pool.entries(limit=MAX_ENTRIES, newest=True)
+        attempts = pool.attempts(None, limit=MAX_ATTEMPTS)
     used: dict[int, list] = {}  # entry id → [step, problem_id, relevance] of the prompts that retrieved it
     for record in retrievals:
         for hit in record.get("retrieved") or []:
@@ -125,8 +107,8 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
         "entries": [{"id": e.id, "problem_id": e.problem_id, "problem": e.problem, "flow": e.flow_of_thought,
                      "principles": e.principles, "pitfalls": e.pitfalls, "step": e.step, "correct": e.correct,
                      "reward": e.reward, "retrieved_by": used.get(e.id, [])} for e in entries],
-        "attempts": [{"problem_id": r[0], "text": _cut(r[1]), "step": r[2]} for r in rows],
-        "total_entries": total, "total_attempts": total_attempts,
+        "attempts": [{"problem_id": a.problem_id, "text": _cut(a.text), "step": a.step} for a in attempts],
+        "total_entries": stats["entries"], "total_attempts": stats["attempts"],
     }
 
 
@@ -148,13 +130,12 @@ def _evals(run_dir: Path) -> list[dict]:
 def collect(run_dir: str | Path) -> dict:
     """Everything the report shows about one run, as plain JSON-able data."""
     run = Path(run_dir)
-    if not (run / "metrics.jsonl").is_file():
-        raise FileNotFoundError(f"{run} has no metrics.jsonl: is it a lanpo run directory?")
-    groups, total_groups = _groups(_jsonl(run / "samples.jsonl"))
+    metrics = read_metrics(run)  # a directory without metrics.jsonl is no run: a clear error
+    groups, total_groups = _groups(read_jsonl(run / "samples.jsonl"))
     config = next((f.read_text() for f in (run / "config.yaml", run / "config.json") if f.is_file()), "")
-    return {"name": run.name, "path": str(run), "metrics": _metrics(_jsonl(run / "metrics.jsonl")),
+    return {"name": run.name, "path": str(run), "metrics": _metrics(metrics),
             "groups": groups, "total_groups": total_groups,
-            "pool": _pool(run, groups, _jsonl(run / "retrievals.jsonl")), "evals": _evals(run), "config": config}
+            "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")), "evals": _evals(run), "config": config}
 
 
 def render(runs: list[dict], title: str = "lanpo report") -> str:

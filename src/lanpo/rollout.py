@@ -133,7 +133,7 @@ def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
             row.context_ids = ids
 
 
-def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]], logprobs: dict[int, Any],
+def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]],
               index: list[int]) -> list[list[int]]:
     """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch."""
     completions, sampled = model.generate_ids([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
@@ -141,7 +141,7 @@ def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]], logp
         rows[i].completion_ids = completions[k]
         rows[i].text = model.decode(completions[k])
         if sampled is not None:
-            logprobs[i] = rows[i].sampler_logps = sampled[k]
+            rows[i].sampler_logps = sampled[k]
     return completions[len(index):]
 
 
@@ -164,12 +164,11 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
                 deferred.add(s)
     timer["retrieve"] += time.perf_counter() - start
 
-    logprobs: dict[int, Any] = {}
     phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or i - i % g not in deferred]
     _tokenize_contexts(model, [rows[i] for i in phase_a])
     summary_prompts = [summary_prompt(t) for t in pending]
     start = time.perf_counter()
-    summaries = _generate(model, rows, [model.tokenize_summary(p) for p in summary_prompts], logprobs, phase_a)
+    summaries = _generate(model, rows, [model.tokenize_summary(p) for p in summary_prompts], phase_a)
     elapsed = time.perf_counter() - start
     rollout_tokens = sum(len(rows[i].completion_ids) for i in phase_a)
     share = sum(len(c) for c in summaries) / max(1, rollout_tokens + sum(len(c) for c in summaries))
@@ -186,13 +185,13 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
         _tokenize_contexts(model, [rows[i] for i in phase_b])
         timer["retrieve"] += time.perf_counter() - start
         start = time.perf_counter()
-        _generate(model, rows, [], logprobs, phase_b)
+        _generate(model, rows, [], phase_b)
         timer["generate"] += time.perf_counter() - start
 
     output = {
         "prompt_ids": [(r.context_ids if keep_context and r.context_ids is not None else r.plain_ids) for r in rows],
         "completion_ids": [r.completion_ids for r in rows],
-        "logprobs": [logprobs[i] for i in range(len(rows))] if logprobs else None,
+        "logprobs": [r.sampler_logps for r in rows] if all(r.sampler_logps is not None for r in rows) else None,
         "lanpo_kind": [r.kind if r.has_feedback else "scratch" for r in rows],
     }
     return output, texts

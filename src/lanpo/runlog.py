@@ -171,20 +171,28 @@ def push_final_model(final: Path, repo_id: str, private: bool | None = None) -> 
                            f"The model is saved in {final}; push it later with `huggingface-cli upload`.") from error
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The objects of a run's JSONL log (none when it is missing); lines that do not parse are skipped (a run
+    killed mid-write leaves a half line)."""
+    path, rows = Path(path), []
+    if path.is_file():
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    return rows
+
+
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The per-step log lines of a run (``metrics.jsonl``); lines that do not parse are skipped."""
+    """The per-step log lines of a run (``metrics.jsonl``)."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a lanpo run directory?")
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "step" in row:
-            rows.append(row)
-    return rows
+    return [row for row in read_jsonl(path) if "step" in row]
 
 
 def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:

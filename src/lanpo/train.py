@@ -263,6 +263,7 @@ def run(argv: list[str]) -> Path:
     from .models import check_model_name, load_tokenizer, resolve_model_path
     from .runlog import model_card, plot_run, push_final_model, save_final_model
     from .trainer import LanpoTrainer
+    from .training_eval import load_eval_problems
 
     train_args, model_args, config = parse(argv)  # validation happens here, before any model loads
     resolved = resolved_config(train_args, model_args, config)
@@ -282,6 +283,9 @@ def run(argv: list[str]) -> Path:
                              answer_field=train_args.answer_field, id_field=train_args.id_field,
                              problem_template=train_args.problem_template,
                              answer_format=train_args.answer_format)
+    # held-out problems load here, from --data_dir like the training data, so a bad name fails before the model
+    eval_problems = load_eval_problems(config.eval_benchmarks, config.eval_limit, train_args.data_dir) \
+        if config.eval_every else None
     run_dir = Path(config.output_dir)
     prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
     created = not run_dir.exists()
@@ -294,7 +298,8 @@ def run(argv: list[str]) -> Path:
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": "bfloat16"}
     try:
         trainer = LanpoTrainer(model=model_path, args=config, train_dataset=to_prompt_dataset(problems),
-                               processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args))
+                               processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args),
+                               eval_problems=eval_problems)
     except BaseException:
         if created:  # nothing of this run exists yet: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)

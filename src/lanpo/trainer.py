@@ -223,10 +223,11 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             if "importance_sampling_ratio" in output:
                 self._strip_vllm_correction(output)
         self._log_step_metrics(rewards, correct)
-        logged = self._logs["prompt"]  # TRL's completions table logged feedback rows with their plain prompt
-        contexts = [c for part in gather_object([[r.context for r in rows]]) for c in part]
-        for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):  # paired from the newest
-            logged[k] = context if context is not None else logged[k]
+        if self.log_completions:  # TRL's completions table logged feedback rows with their plain prompt
+            logged = self._logs["prompt"]
+            contexts = [c for part in gather_object([[r.context for r in rows]]) for c in part]
+            for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):  # paired from the newest
+                logged[k] = context if context is not None else logged[k]
         trials = rollout.choose_trials(rows, rewards.tolist(), correct.tolist(), g, self.args.summaries_per_group,
                                        step, self.accelerator.process_index)
         for batch in gather_object([rollout.attempts_to_store(rows, step)]):

@@ -16,12 +16,10 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .data import Problem, load_problems
+from .data import Problem, default_split, load_problems
 from .evaluate import EvalSettings, evaluate
 
 logger = logging.getLogger(__name__)
-
-EVAL_MODES = ("zero-shot", "retrieval")
 
 
 def benchmark_name(spec: str) -> str:
@@ -34,8 +32,7 @@ def load_eval_problems(specs: str, limit: int | None, data_dir: str | None = Non
     """The held-out problems of ``eval_benchmarks`` (comma-separated data specs), by metric name."""
     problems = {}
     for spec in (s.strip() for s in specs.split(",") if s.strip()):
-        split = "test" if spec.startswith("builtin:") and "split=" not in spec else None
-        problems[benchmark_name(spec)] = load_problems(spec, split=split, limit=limit, data_dir=data_dir)
+        problems[benchmark_name(spec)] = load_problems(spec, split=default_split(spec), limit=limit, data_dir=data_dir)
     return problems
 
 
@@ -44,7 +41,7 @@ class TrainingEval(TrainerCallback):
 
     def __init__(self, trainer, problems: dict[str, list[Problem]]) -> None:
         self.trainer, self.problems = trainer, problems
-        self.modes = [m.strip() for m in trainer.args.eval_modes.split(",") if m.strip()]
+        self.modes = trainer.args.eval_mode_list()
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step == 0:
