@@ -35,7 +35,8 @@ for b in range(batches):
 
 def _writer(tmp_path: Path, path: Path, name: str, batches: int, size: int, record: bool) -> subprocess.Popen:
     script = tmp_path / "writer.py"
-    script.write_text(WRITER)
+    if not script.exists():  # written once: rewriting it while a started writer reads it ran an empty script
+        script.write_text(WRITER)
     out = str(tmp_path / f"{name}.jsonl") if record else "-"
     return subprocess.Popen([sys.executable, str(script), str(path), name, str(batches), str(size), out],
                             stderr=subprocess.PIPE, text=True)
@@ -47,6 +48,8 @@ def test_concurrent_writers_lose_nothing_and_every_id_is_their_own(tmp_path):
     writers = [_writer(tmp_path, path, f"w{k}", 200, 3, True) for k in range(4)]
     errors = [w.communicate(timeout=300)[1] for w in writers]
     assert all(w.returncode == 0 for w in writers), [e[-2000:] for e in errors if e]
+    for k in range(4):  # every writer wrote every batch (an empty script would also exit 0)
+        assert len((tmp_path / f"w{k}.jsonl").read_text().splitlines()) == 200
     with ExperiencePool(path, readonly=True) as pool:
         by_id = {e.id: e.principles[0] for e in pool.entries()}
     assert len(by_id) == 4 * 200 * 3
