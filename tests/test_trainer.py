@@ -154,6 +154,7 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     ("context_in_loss", "drop", "context_in_loss must be one of"),
     ("feedback_schedule", "linear", "feedback_warmup_steps"),
     ("summaries_per_group", 9, "summaries_per_group"),
+    ("summary_max_length", 0, "summary_max_length must be >= 1"),
 ])
 def test_invalid_config_fails_before_any_model_loads(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -295,3 +296,77 @@ def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_g
     assert all(r.problem_id not in stored_ids for r in reflected if r not in from_store)
     groups_without = len({r.problem_id for r in trainer._rows} - stored_ids)
     assert calls[0] == 8 - 2 * groups_without and (calls[1:] == [2 * groups_without] if groups_without else True)
+
+
+def test_summaries_have_their_own_length_limit_and_no_forced_floor(tiny_model_dir, tmp_path):
+    """transformers' generate: summaries run apart with summary_max_length new tokens (here longer than the
+    rollouts'), without the rollouts' min_new_tokens, and the rollouts' settings are restored after."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, max_completion_length=8, summary_max_length=24, max_steps=3,
+                           generation_kwargs={"min_new_tokens": 8})
+    original, calls = trainer._generate_ids, []
+
+    def generate(prompt_ids):
+        completions, logprobs = original(prompt_ids)
+        summary = ["Distill what this attempt teaches" in trainer.processing_class.decode(ids) for ids in prompt_ids]
+        config = trainer.generation_config
+        calls.append((summary, [len(c) for c in completions], config.max_new_tokens, config.min_new_tokens))
+        return completions, logprobs
+
+    trainer._generate_ids = generate
+    trainer.train()
+    summary_calls = [c for c in calls if any(c[0])]
+    rollout_calls = [c for c in calls if not any(c[0])]
+    assert summary_calls and rollout_calls
+    assert all(all(c[0]) for c in summary_calls), "a summary prompt rode in a rollout batch"
+    assert {(c[2], c[3]) for c in summary_calls} == {(24, None)}
+    assert {(c[2], c[3]) for c in rollout_calls} == {(8, 8)}
+    assert max(n for c in summary_calls for n in c[1]) > 8 >= max(n for c in rollout_calls for n in c[1])
+    assert max(n for c in summary_calls for n in c[1]) <= 24
+    assert trainer.generation_config.max_new_tokens == 8 and trainer.generation_config.min_new_tokens == 8
+    assert history(trainer, "summaries/parse_rate"), "the parse rate is logged per step"
+
+
+def test_length_limit_swaps_and_restores_both_backends():
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    from lanpo.generation import length_limit
+
+    config = GenerationConfig(max_new_tokens=8, min_new_tokens=8)
+    hf = SimpleNamespace(generation_config=config, use_vllm=False)
+    vllm = SimpleNamespace(use_vllm=True, vllm_generation=SimpleNamespace(max_completion_length=8))
+    seen = []
+    with length_limit(hf, 30):
+        seen.append((hf.generation_config.max_new_tokens, hf.generation_config.min_new_tokens))
+    with length_limit(vllm, 30):
+        seen.append(vllm.vllm_generation.max_completion_length)
+    with pytest.raises(RuntimeError), length_limit(vllm, 40):
+        raise RuntimeError("generation failed")
+    assert seen == [(30, None), 30]
+    assert hf.generation_config is config and config.max_new_tokens == 8 and config.min_new_tokens == 8
+    assert vllm.vllm_generation.max_completion_length == 8
+
+
+def test_summaries_riding_in_phase_a_are_cut_at_their_length():
+    """Where summaries ride in the rollout batch (vLLM), each is cut at summary_max_length tokens."""
+    from collections import Counter
+
+    from lanpo import rollout
+    from lanpo.pool import ExperiencePool
+    from lanpo.retrieval import Retriever
+    from lanpo.summarize import Trial
+
+    words = {i: f"w{i}" for i in range(100)}
+    model = rollout.RolloutModel(
+        tokenize=lambda prompts: [[1, 2, 3] for _ in prompts], tokenize_summary=lambda messages: [4, 5, 6],
+        generate_ids=lambda ids: ([list(range(10, 30)) for _ in ids], None),
+        decode=lambda ids: " ".join(words[i] for i in ids), summary_max_length=5)
+    pool = ExperiencePool(":memory:")
+    rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, (4, 0, 0))
+    pending = [Trial("q", "2 + 2", "it is 4", True, gold="4")]
+    _, texts = rollout.lanpo_rollout(rows, [[1, 2, 3]] * 4, 4, model, retriever=Retriever(pool, "bm25", gamma=0.0),
+                                     pool=pool, reflection_source="auto", keep_context=False, pending=pending,
+                                     timer=Counter(), counts=Counter())
+    assert len(texts) == 1 and texts[0].endswith("w10 w11 w12 w13 w14")
+    assert all(len(r.completion_ids) == 20 for r in rows), "rollouts keep their full length"

@@ -61,7 +61,17 @@ def test_every_row_gets_the_completion_of_its_own_prompt(vllm_model_dir, tmp_pat
 def test_lanpo_trains_with_vllm_colocate_and_the_pool_grows(vllm_model_dir, tmp_path):
     trainer = vllm_trainer(vllm_model_dir, tmp_path / "keep")
     stub_summaries(trainer)
+    stubbed, limits = trainer._generate_ids, set()
+
+    def generate(prompt_ids):  # summary_max_length (256) > max_completion_length (6): summaries run apart
+        summary = any("Distill what this attempt teaches" in trainer.processing_class.decode(p) for p in prompt_ids)
+        limits.add((summary, trainer.vllm_generation.max_completion_length))
+        return stubbed(prompt_ids)
+
+    trainer._generate_ids = generate
     trainer.train()
+    assert limits == {(False, 6), (True, 256)}
+    assert trainer.vllm_generation.max_completion_length == 6
     assert len(trainer.pool) > 0 and max(history(trainer, "lanpo/feedback_share")) > 0
     assert all(loss == loss for loss in history(trainer, "loss"))  # no NaN loss
     samples = [json.loads(x) for x in (tmp_path / "keep" / "samples.jsonl").read_text().splitlines()]

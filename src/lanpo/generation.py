@@ -10,7 +10,9 @@ function returns whole replies: for a prefilled conversation, the prefilled star
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -134,6 +136,27 @@ def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Ten
                 keys[i][rows, :, width - span:] = layer.keys
                 values[i][rows, :, width - span:] = layer.values
     return DynamicCache(ddp_cache_data=list(zip(keys, values))) if keys else None
+
+
+@contextmanager
+def length_limit(trainer, max_new_tokens: int):
+    """A TRL trainer's generation settings with another length limit (pool summaries), restored after: the
+    transformers config (``min_new_tokens`` dropped: a floor forced on rollouts is not one for summaries) and vLLM's
+    ``max_tokens``."""
+    config, vllm = getattr(trainer, "generation_config", None), getattr(trainer, "vllm_generation", None)
+    limit = getattr(vllm, "max_completion_length", None) if trainer.use_vllm else None
+    if config is not None:
+        trainer.generation_config = copy.deepcopy(config)
+        trainer.generation_config.max_new_tokens, trainer.generation_config.min_new_tokens = max_new_tokens, None
+    if limit is not None:
+        vllm.max_completion_length = max_new_tokens
+    try:
+        yield
+    finally:
+        if config is not None:
+            trainer.generation_config = config
+        if limit is not None:
+            vllm.max_completion_length = limit
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

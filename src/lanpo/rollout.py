@@ -11,9 +11,12 @@ A batch holds whole groups of G rows of one problem each. Per group (:func:`plan
    otherwise (``"auto"``, the default: only groups without stored attempts wait for a second phase); none →
    plain prompt (counted).
 
-Phase A generates scratch, abstraction (and pool-reflection) rows together with the summary prompts of the
-previous step's trials, so summaries cost no extra sequential generation. Phase B generates step-reflection
-rows. Nothing here imports TRL: the model is reached through the callables of :class:`RolloutModel`.
+Phase A generates scratch, abstraction (and pool-reflection) rows, with the summary prompts of the previous step's
+trials riding in it where that is cheap (``pending``; vLLM, whose batches carry no padding: no extra sequential
+generation; each summary is cut at ``summary_max_length`` tokens); otherwise the trainer runs them in a batch of
+their own, with their own length, before it (:func:`summarize_apart`: under transformers' ``generate``, one long
+summary prompt would widen every row's cache). Phase B generates step-reflection rows. Nothing here imports TRL:
+the model is reached through the callables of :class:`RolloutModel`.
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ class RolloutModel:
     tokenize_summary: Callable[[Messages], list[int]]  # a prefilled summary prompt → prompt ids
     generate_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]]  # one completion per row
     decode: Callable[[list[int]], str]
+    summary_ids: Callable[[list[list[int]]], list[list[int]]] | None = None  # summaries apart, their own length
+    summary_max_length: int | None = None  # summaries riding in phase A are cut here
 
 
 def problem_of(row: dict) -> tuple[str, str]:
@@ -174,7 +179,7 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
     share = sum(len(c) for c in summaries) / max(1, rollout_tokens + sum(len(c) for c in summaries))
     timer["generate"] += elapsed * (1 - share)
     timer["summarize"] += elapsed * share  # token-share estimate: summaries ride in this batch
-    texts = [with_prefill(p, model.decode(c)) for p, c in zip(summary_prompts, summaries)]
+    texts = [with_prefill(p, model.decode(c[:model.summary_max_length])) for p, c in zip(summary_prompts, summaries)]
 
     phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and i - i % g in deferred]
     if phase_b:  # reward-agnostic reflection on this step's scratch attempts at the same problem
@@ -198,9 +203,11 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
 
 
 def summarize_apart(model: RolloutModel, pending: list[Trial]) -> list[str]:
-    """The replies to ``pending``'s summary prompts, generated in a batch of their own."""
+    """The replies to ``pending``'s summary prompts, generated in a batch of their own (their own length limit
+    where the model has :attr:`RolloutModel.summary_ids`)."""
     prompts = [summary_prompt(t) for t in pending]
-    completions, _ = model.generate_ids([model.tokenize_summary(p) for p in prompts])
+    ids = [model.tokenize_summary(p) for p in prompts]
+    completions = model.summary_ids(ids) if model.summary_ids else model.generate_ids(ids)[0]
     return [with_prefill(p, model.decode(c)) for p, c in zip(prompts, completions)]
 
 

@@ -72,6 +72,13 @@ def step_metrics(records: Sequence[tuple], feedback_ratio: float, pool_stats: di
     return metrics  # strip weights are logged where they are applied, in the loss (lanpo.loss)
 
 
+def real_prompts(logged: list, contexts: list) -> None:
+    """Put each feedback row's real prompt (its context) into TRL's completions-table prompts, paired from the
+    newest: TRL logs every row with its plain prompt."""
+    for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):
+        logged[k] = context if context is not None else logged[k]
+
+
 def time_metrics(timer: dict) -> dict[str, float]:
     """Seconds per phase of one step: generate, summarize, retrieve, reward (verification), update (loss forward,
     backward, optimizer) and ``time/score``, the rest of the rollout (reference and old log-probabilities)."""

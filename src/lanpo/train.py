@@ -95,6 +95,7 @@ HELP_GROUPS = {
     "LANPO: language feedback": ["feedback_ratio", "feedback_schedule", "feedback_warmup_steps", "reflection_share",
                                  "reflection_source"],
     "LANPO: experience pool and retrieval": ["pool_cap", "pool_attempts_cap", "summaries_per_group",
+                                             "summary_max_length",
                                              "relevance_scorer", "relevance_threshold", "retrieval_top_k",
                                              "retrieval_candidates", "embedding_model"],
     "LANPO: loss and reward": ["context_in_loss", "strip_ratio_clip", "advantage_grouping", "answer_extraction",

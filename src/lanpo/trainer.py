@@ -21,10 +21,10 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from . import checkpoints, objective, rollout, vllm_cpu
+from . import checkpoints, objective, rollout, runlog, vllm_cpu
 from .config import LanpoConfig
 from .data import with_answer_column
-from .generation import chat_ids, left_pad, sample_with_logprobs
+from .generation import chat_ids, left_pad, length_limit, sample_with_logprobs
 from .loss import LossHooks
 from .pool import POOL_FILENAME, ExperiencePool
 from .prompts import solve_messages
@@ -85,8 +85,10 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             tokenize=lambda prompts: [list(ids) for ids in self._tokenize_prompts(prompts)[0]],
             tokenize_summary=lambda messages: chat_ids(self.processing_class, messages),
             generate_ids=lambda ids: self._generate_ids(ids),  # late-bound: tests and subclasses may swap it
-            decode=lambda ids: self.processing_class.decode(ids, skip_special_tokens=True))
-        self._pending: list[Trial] = []  # trials whose summaries ride along in the next generation batch
+            decode=lambda ids: self.processing_class.decode(ids, skip_special_tokens=True),
+            summary_ids=length_limit(self, args.summary_max_length)(lambda ids: self._generate_ids(ids)[0]),
+            summary_max_length=args.summary_max_length)  # summaries apart: under their own length limit
+        self._pending: list[Trial] = []  # trials summarized at the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
         self._batch_inputs, self._rewards_per_func = None, None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
@@ -146,7 +148,9 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 row.completion_ids, row.plain_ids, row.text = list(ids), list(plain), self._model_io.decode(ids)
             return output
         self._rows = rollout.make_rows(inputs, g, plan)
-        pending, self._pending = self._pending, []
+        if not (self.use_vllm and self.args.summary_max_length <= self.max_completion_length):
+            self._summarize_pending_apart()  # transformers: apart (rows padded to a summary prompt cost more)
+        pending, self._pending = self._pending, []  # vLLM: summaries ride in phase A
         output, summaries = rollout.lanpo_rollout(
             self._rows, self._model_io.tokenize(prompts), g, self._model_io, retriever=self.retriever,
             pool=self.pool, reflection_source=self.args.reflection_source,
@@ -224,10 +228,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 self._strip_vllm_correction(output)
         self._log_step_metrics(rewards, correct)
         if self.log_completions:  # TRL's completions table logged feedback rows with their plain prompt
-            logged = self._logs["prompt"]
-            contexts = [c for part in gather_object([[r.context for r in rows]]) for c in part]
-            for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):  # paired from the newest
-                logged[k] = context if context is not None else logged[k]
+            runlog.real_prompts(self._logs["prompt"], [c for part in gather_object([[r.context for r in rows]]) for c in part])
         trials = rollout.choose_trials(rows, rewards.tolist(), correct.tolist(), g, self.args.summaries_per_group,
                                        step, self.accelerator.process_index)
         for batch in gather_object([rollout.attempts_to_store(rows, step)]):
