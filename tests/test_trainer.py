@@ -298,32 +298,51 @@ def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_g
     assert calls[0] == 8 - 2 * groups_without and (calls[1:] == [2 * groups_without] if groups_without else True)
 
 
-def test_summaries_have_their_own_length_limit_and_no_forced_floor(tiny_model_dir, tmp_path):
-    """transformers' generate: summaries run apart with summary_max_length new tokens (here longer than the
-    rollouts'), without the rollouts' min_new_tokens, and the rollouts' settings are restored after."""
-    trainer = make_trainer(tiny_model_dir, tmp_path, max_completion_length=8, summary_max_length=24, max_steps=3,
-                           generation_kwargs={"min_new_tokens": 8})
+def test_summaries_ride_in_rollout_batches_and_go_on_across_steps_up_to_their_own_length(tiny_model_dir, tmp_path):
+    """Rollouts are cut at 8 tokens, summaries at 24: a summary that has not ended rides again in the next batch,
+    continuing from its tokens, and ends at 24 (a random tiny model almost never writes end-of-sequence)."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, max_completion_length=8, summary_max_length=24, max_steps=4)
+    original, calls, ended = trainer._generate_ids, [], []
+    add = trainer._add_summaries
+
+    def generate(prompt_ids):
+        calls.append(["Distill what this attempt teaches" in trainer.processing_class.decode(i) for i in prompt_ids])
+        return original(prompt_ids)
+
+    def add_summaries(trials, texts):
+        ended.extend((trainer.state.global_step, len(t.summary_ids)) for t in trials)
+        return add(trials, texts)
+
+    trainer._generate_ids, trainer._add_summaries = generate, add_summaries
+    trainer.train()
+    assert any(any(c) and not all(c) for c in calls), "summary prompts ride in rollout batches"
+    assert not any(all(c) for c in calls[:-1]), "no summary batch of its own before the end of training"
+    in_training = [n for step, n in ended if step < 4]
+    assert in_training and max(in_training) == 24 and all(n <= 24 for _, n in ended)
+    assert max(history(trainer, "summaries/carried")) > 0 and history(trainer, "summaries/parse_rate")
+
+
+def test_summaries_apart_have_their_own_length_limit_and_no_forced_floor(tiny_model_dir, tmp_path):
+    """With p_t = 0 summaries run apart (forked RNG): summary_max_length new tokens, without the rollouts'
+    min_new_tokens, and the rollouts' settings restored after."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.0, max_completion_length=8,
+                           summary_max_length=12, max_steps=2, generation_kwargs={"min_new_tokens": 8})
     original, calls = trainer._generate_ids, []
 
     def generate(prompt_ids):
+        summary = ["Distill what this attempt teaches" in trainer.processing_class.decode(i) for i in prompt_ids]
         completions, logprobs = original(prompt_ids)
-        summary = ["Distill what this attempt teaches" in trainer.processing_class.decode(ids) for ids in prompt_ids]
         config = trainer.generation_config
-        calls.append((summary, [len(c) for c in completions], config.max_new_tokens, config.min_new_tokens))
+        calls.append((all(summary), [len(c) for c in completions], config.max_new_tokens, config.min_new_tokens))
         return completions, logprobs
 
     trainer._generate_ids = generate
     trainer.train()
-    summary_calls = [c for c in calls if any(c[0])]
-    rollout_calls = [c for c in calls if not any(c[0])]
-    assert summary_calls and rollout_calls
-    assert all(all(c[0]) for c in summary_calls), "a summary prompt rode in a rollout batch"
-    assert {(c[2], c[3]) for c in summary_calls} == {(24, None)}
-    assert {(c[2], c[3]) for c in rollout_calls} == {(8, 8)}
-    assert max(n for c in summary_calls for n in c[1]) > 8 >= max(n for c in rollout_calls for n in c[1])
-    assert max(n for c in summary_calls for n in c[1]) <= 24
+    summary_calls = [c for c in calls if c[0]]
+    assert summary_calls and {(c[2], c[3]) for c in summary_calls} == {(12, None)}
+    assert set(history(trainer, "completions/min_length")) == {8}  # rollouts (TRL's own generation) kept the floor
+    assert 8 < max(n for c in summary_calls for n in c[1]) <= 12
     assert trainer.generation_config.max_new_tokens == 8 and trainer.generation_config.min_new_tokens == 8
-    assert history(trainer, "summaries/parse_rate"), "the parse rate is logged per step"
 
 
 def test_length_limit_swaps_and_restores_both_backends():
@@ -348,8 +367,7 @@ def test_length_limit_swaps_and_restores_both_backends():
     assert vllm.vllm_generation.max_completion_length == 8
 
 
-def test_summaries_riding_in_phase_a_are_cut_at_their_length():
-    """Where summaries ride in the rollout batch (vLLM), each is cut at summary_max_length tokens."""
+def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
     from collections import Counter
 
     from lanpo import rollout
@@ -357,16 +375,34 @@ def test_summaries_riding_in_phase_a_are_cut_at_their_length():
     from lanpo.retrieval import Retriever
     from lanpo.summarize import Trial
 
-    words = {i: f"w{i}" for i in range(100)}
+    words = {i: f"w{i}" for i in range(200)}
+    script = iter([list(range(10, 30)), list(range(30, 50)), list(range(50, 70)), [90, 91, 0]])
+    seen = []
+
+    def generate_ids(ids):
+        seen.append(ids[-1])
+        summary = next(script)
+        return [list(range(100, 120)) for _ in ids[:-1]] + [summary], None
+
     model = rollout.RolloutModel(
         tokenize=lambda prompts: [[1, 2, 3] for _ in prompts], tokenize_summary=lambda messages: [4, 5, 6],
-        generate_ids=lambda ids: ([list(range(10, 30)) for _ in ids], None),
-        decode=lambda ids: " ".join(words[i] for i in ids), summary_max_length=5)
+        generate_ids=generate_ids, decode=lambda ids: " ".join(words[i] for i in ids), summary_max_length=50,
+        max_new_tokens=20, stop_ids=frozenset({0}))
     pool = ExperiencePool(":memory:")
-    rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, (4, 0, 0))
-    pending = [Trial("q", "2 + 2", "it is 4", True, gold="4")]
-    _, texts = rollout.lanpo_rollout(rows, [[1, 2, 3]] * 4, 4, model, retriever=Retriever(pool, "bm25", gamma=0.0),
-                                     pool=pool, reflection_source="auto", keep_context=False, pending=pending,
-                                     timer=Counter(), counts=Counter())
-    assert len(texts) == 1 and texts[0].endswith("w10 w11 w12 w13 w14")
-    assert all(len(r.completion_ids) == 20 for r in rows), "rollouts keep their full length"
+
+    def step(pending):
+        rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, (4, 0, 0))
+        _, finished, carried = rollout.lanpo_rollout(
+            rows, [[1, 2, 3]] * 4, 4, model, retriever=Retriever(pool, "bm25", gamma=0.0), pool=pool,
+            reflection_source="auto", keep_context=False, pending=pending, timer=Counter(), counts=Counter())
+        assert all(len(r.completion_ids) == 20 for r in rows), "rollouts keep their own length"
+        return finished, carried
+
+    trial = Trial("q", "2 + 2", "it is 4", True, gold="4")
+    assert step([trial]) == ([], [trial])  # 20 tokens, no end: it goes on
+    assert step([trial]) == ([], [trial]) and seen[-1] == [4, 5, 6, *range(10, 30)]  # continues from its tokens
+    finished, carried = step([trial])  # 60 tokens would pass the limit: cut at 50, finished
+    assert not carried and len(trial.summary_ids) == 50 and finished[0][1].endswith("w58 w59")
+    other = Trial("r", "3 + 3", "it is 6", False, gold="6")
+    finished, carried = step([other])  # an end-of-sequence token ends it
+    assert not carried and other.summary_ids == [90, 91, 0] and finished[0][0] is other

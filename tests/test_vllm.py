@@ -63,14 +63,14 @@ def test_lanpo_trains_with_vllm_colocate_and_the_pool_grows(vllm_model_dir, tmp_
     stub_summaries(trainer)
     stubbed, limits = trainer._generate_ids, set()
 
-    def generate(prompt_ids):  # summary_max_length (256) > max_completion_length (6): summaries run apart
+    def generate(prompt_ids):  # summaries ride in rollout batches (6 tokens a ride), the last ones apart (256)
         summary = any("Distill what this attempt teaches" in trainer.processing_class.decode(p) for p in prompt_ids)
         limits.add((summary, trainer.vllm_generation.max_completion_length))
         return stubbed(prompt_ids)
 
     trainer._generate_ids = generate
     trainer.train()
-    assert limits == {(False, 6), (True, 256)}
+    assert limits == {(False, 6), (True, 6), (True, 256)}
     assert trainer.vllm_generation.max_completion_length == 6
     assert len(trainer.pool) > 0 and max(history(trainer, "lanpo/feedback_share")) > 0
     assert all(loss == loss for loss in history(trainer, "loss"))  # no NaN loss

@@ -77,8 +77,8 @@ class LanpoConfig(GRPOConfig):
     summaries_per_group: int = field(default=1, metadata={
         "help": "Trials per group the policy distills into pool entries each step (the summary budget)."})
     summary_max_length: int = field(default=256, metadata={
-        "help": "Most new tokens of one pool summary, apart from max_completion_length (after the SFT stage, "
-                "5 in 6 summaries parse within 128)."})
+        "help": "Most new tokens of one pool summary: one cut by max_completion_length goes on in the next "
+                "rollout batch until it ends or reaches this (after the SFT stage, 5 in 6 parse within 128)."})
     relevance_scorer: Scorer = field(default="llm", metadata={
         "help": "Relevance score in [0, 1] of a retrieved entry: bm25 (normalized), embedding (cosine), llm (judge)."})
     relevance_threshold: float = field(default=0.9, metadata={

@@ -11,12 +11,12 @@ A batch holds whole groups of G rows of one problem each. Per group (:func:`plan
    otherwise (``"auto"``, the default: only groups without stored attempts wait for a second phase); none →
    plain prompt (counted).
 
-Phase A generates scratch, abstraction (and pool-reflection) rows, with the summary prompts of the previous step's
-trials riding in it where that is cheap (``pending``; vLLM, whose batches carry no padding: no extra sequential
-generation; each summary is cut at ``summary_max_length`` tokens); otherwise the trainer runs them in a batch of
-their own, with their own length, before it (:func:`summarize_apart`: under transformers' ``generate``, one long
-summary prompt would widen every row's cache). Phase B generates step-reflection rows. Nothing here imports TRL:
-the model is reached through the callables of :class:`RolloutModel`.
+Phase A generates scratch, abstraction (and pool-reflection) rows together with the summary prompts of earlier
+trials, so summaries cost no sequential generation of their own. A summary has its own length limit
+(``summary_max_length``): one that has not ended when the rollouts' limit cuts it rides again in the next step's
+batch, continuing from the tokens it has (:func:`continue_summaries`; summaries are never trained on, so writing
+them across a policy update is harmless). Phase B generates step-reflection rows. Nothing here imports TRL: the
+model is reached through the callables of :class:`RolloutModel`.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ class RolloutModel:
     generate_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]]  # one completion per row
     decode: Callable[[list[int]], str]
     summary_ids: Callable[[list[list[int]]], list[list[int]]] | None = None  # summaries apart, their own length
-    summary_max_length: int | None = None  # summaries riding in phase A are cut here
+    summary_max_length: int | None = None  # a summary ends here at the latest
+    max_new_tokens: int | None = None  # generate_ids' length limit: a shorter completion has ended
+    stop_ids: frozenset[int] = frozenset()  # end-of-sequence tokens
 
 
 def problem_of(row: dict) -> tuple[str, str]:
@@ -154,7 +156,8 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
                   retriever: Retriever, pool: ExperiencePool, reflection_source: str, keep_context: bool,
                   pending: list[Trial], timer: Counter, counts: Counter,
                   judge: AbstractContextManager | None = None) -> tuple[dict[str, Any], list[str]]:
-    """Generate one completion per row; returns TRL's rollout output and the replies to ``pending``'s summaries."""
+    """Generate one completion per row; returns TRL's rollout output, the summaries that ended as ``(trial, text)``
+    and the trials whose summaries go on in the next batch."""
     start = time.perf_counter()
     attach_abstractions(rows, g, retriever, counts, judge)
     for row, ids in zip(rows, plain_ids):
@@ -171,15 +174,14 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
 
     phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or i - i % g not in deferred]
     _tokenize_contexts(model, [rows[i] for i in phase_a])
-    summary_prompts = [summary_prompt(t) for t in pending]
     start = time.perf_counter()
-    summaries = _generate(model, rows, [model.tokenize_summary(p) for p in summary_prompts], phase_a)
+    summaries = _generate(model, rows, [_summary_input(model, t) for t in pending], phase_a)
     elapsed = time.perf_counter() - start
     rollout_tokens = sum(len(rows[i].completion_ids) for i in phase_a)
     share = sum(len(c) for c in summaries) / max(1, rollout_tokens + sum(len(c) for c in summaries))
     timer["generate"] += elapsed * (1 - share)
     timer["summarize"] += elapsed * share  # token-share estimate: summaries ride in this batch
-    texts = [with_prefill(p, model.decode(c[:model.summary_max_length])) for p, c in zip(summary_prompts, summaries)]
+    finished, carried = continue_summaries(model, pending, summaries)
 
     phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and i - i % g in deferred]
     if phase_b:  # reward-agnostic reflection on this step's scratch attempts at the same problem
@@ -199,16 +201,40 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
         "logprobs": [r.sampler_logps for r in rows] if all(r.sampler_logps is not None for r in rows) else None,
         "lanpo_kind": [r.kind if r.has_feedback else "scratch" for r in rows],
     }
-    return output, texts
+    return output, finished, carried
+
+
+def _summary_input(model: RolloutModel, trial: Trial) -> list[int]:
+    return model.tokenize_summary(summary_prompt(trial)) + trial.summary_ids
+
+
+def _summary_text(model: RolloutModel, trial: Trial) -> str:
+    return with_prefill(summary_prompt(trial), model.decode(trial.summary_ids))
+
+
+def continue_summaries(model: RolloutModel, pending: list[Trial], completions: list[list[int]],
+                       final: bool = False) -> tuple[list[tuple[Trial, str]], list[Trial]]:
+    """Append each trial's new tokens to its summary (cut at ``summary_max_length``); ``(finished (trial, text),
+    carried)``: a summary has finished at an end-of-sequence token, at its limit, or when a completion stopped
+    short of the generation's limit; the others are carried to the next batch (``final``: none is)."""
+    finished, carried = [], []
+    for trial, new in zip(pending, completions):
+        trial.summary_ids = (trial.summary_ids + list(new))[:model.summary_max_length]
+        ended = not new or new[-1] in model.stop_ids or (model.max_new_tokens or 0) > len(new) \
+            or len(trial.summary_ids) >= (model.summary_max_length or 0)
+        if ended or final:
+            finished.append((trial, _summary_text(model, trial)))
+        else:
+            carried.append(trial)
+    return finished, carried
 
 
 def summarize_apart(model: RolloutModel, pending: list[Trial]) -> list[str]:
-    """The replies to ``pending``'s summary prompts, generated in a batch of their own (their own length limit
-    where the model has :attr:`RolloutModel.summary_ids`)."""
-    prompts = [summary_prompt(t) for t in pending]
-    ids = [model.tokenize_summary(p) for p in prompts]
+    """The rest of ``pending``'s summaries, generated in a batch of their own (with their own length limit where
+    the model has :attr:`RolloutModel.summary_ids`)."""
+    ids = [_summary_input(model, t) for t in pending]
     completions = model.summary_ids(ids) if model.summary_ids else model.generate_ids(ids)[0]
-    return [with_prefill(p, model.decode(c)) for p, c in zip(prompts, completions)]
+    return [text for _, text in continue_summaries(model, pending, completions, final=True)[0]]
 
 
 def choose_trials(rows: list[Row], rewards: Sequence[float], correct: Sequence[bool], g: int, budget: int,

@@ -69,6 +69,8 @@ def step_metrics(records: Sequence[tuple], feedback_ratio: float, pool_stats: di
                         "summaries/parse_failures": float(failed),
                         "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
                         "summaries/added": float(summaries.get("parsed", 0))})
+    if "carried" in summaries:
+        metrics["summaries/carried"] = float(summaries["carried"])  # not ended yet: they go on in the next batch
     return metrics  # strip weights are logged where they are applied, in the loss (lanpo.loss)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .answers import extract_answer
 from .feedback import clean_lessons
@@ -29,6 +29,7 @@ class Trial:
     reward: float | None = None
     step: int = 0
     rollout_id: str = ""
+    summary_ids: list[int] = field(default_factory=list)  # the summary written so far (it may span generations)
 
 
 def summary_prompt(trial: Trial) -> Messages:

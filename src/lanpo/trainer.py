@@ -87,8 +87,9 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             generate_ids=lambda ids: self._generate_ids(ids),  # late-bound: tests and subclasses may swap it
             decode=lambda ids: self.processing_class.decode(ids, skip_special_tokens=True),
             summary_ids=length_limit(self, args.summary_max_length)(lambda ids: self._generate_ids(ids)[0]),
-            summary_max_length=args.summary_max_length)  # summaries apart: under their own length limit
-        self._pending: list[Trial] = []  # trials summarized at the next generation batch
+            summary_max_length=args.summary_max_length, max_new_tokens=self.max_completion_length,
+            stop_ids=frozenset(self.eos_token_ids))
+        self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
         self._batch_inputs, self._rewards_per_func = None, None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
@@ -148,15 +149,14 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 row.completion_ids, row.plain_ids, row.text = list(ids), list(plain), self._model_io.decode(ids)
             return output
         self._rows = rollout.make_rows(inputs, g, plan)
-        if not (self.use_vllm and self.args.summary_max_length <= self.max_completion_length):
-            self._summarize_pending_apart()  # transformers: apart (rows padded to a summary prompt cost more)
-        pending, self._pending = self._pending, []  # vLLM: summaries ride in phase A
-        output, summaries = rollout.lanpo_rollout(
+        pending, self._pending = self._pending, []
+        output, finished, self._pending = rollout.lanpo_rollout(
             self._rows, self._model_io.tokenize(prompts), g, self._model_io, retriever=self.retriever,
             pool=self.pool, reflection_source=self.args.reflection_source,
             keep_context=self.args.context_in_loss == "keep", pending=pending, timer=self._timer,
             counts=self._step_counts, judge=self._judge_model())
-        self._add_summaries(pending, summaries)  # on every process: it gathers
+        self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
+        self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
         if not self.use_vllm:  # TRL's transformers path has no sampler log-probabilities: rows keep them
             output["logprobs"] = None
         return output
@@ -233,7 +233,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                                        step, self.accelerator.process_index)
         for batch in gather_object([rollout.attempts_to_store(rows, step)]):
             self.pool.add_attempts(batch)
-        self._pending = trials  # summarized at the next rollout (train() flushes the last ones)
+        self._pending += trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
             write_samples(self.run_dir / "samples.jsonl", rows, rewards.tolist(), step, self.args.log_samples, g,
                           correct.tolist())
