@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from . import __version__
+from .experiment import add_parser as add_experiment_parser
 
 # -- argument types: a bad value is refused while parsing, naming the flag and the value, before any model loads --
 
@@ -411,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     _pool_parser(sub)
     _compare_parser(sub)
     _report_parser(sub)
+    add_experiment_parser(sub, new_path)
     args, rest = parser.parse_known_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -73,6 +73,9 @@ EMBEDDED_DEFAULTS = {
     "per_device_train_batch_size": 8,  # one problem (a group of 8) per step: about 48 s a step on 2 CPU cores
     "gradient_accumulation_steps": 1,
     "max_completion_length": 96,
+    # a summary rides in two rollout batches at most; the SFT-stage model's summaries parse 83% of the time at 128
+    # (the base model's rarely do, and longer ones widen every row of a CPU batch: docs/results.md)
+    "summary_max_length": 128,
     "temperature": 0.7,
     "relevance_scorer": "embedding",
     "answer_extraction": "lenient",  # SmolLM2-135M rarely boxes its answer

@@ -1,0 +1,149 @@
+"""``lanpo experiment``: a grid of arms × seeds, resumable, one table (issue 16)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lanpo import experiment
+from lanpo.cli import main
+from lanpo.experiment import GridError, interpolate, load_grid, mean_ci
+
+
+def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
+    spec = {
+        "name": "tiny",
+        "settings": {"model_name_or_path": str(model_dir), "data": "builtin:arith?n=8", "num_generations": 4,
+                     "per_device_train_batch_size": 4, "max_completion_length": 8, "max_steps": 2,
+                     "logging_steps": 1, "save_steps": 1, "relevance_scorer": "bm25", "relevance_threshold": 0.0,
+                     "disable_tqdm": True, "report_to": "none", "use_cpu": True, "bf16": False,
+                     "eval_every": 1, "eval_benchmarks": "builtin:arith?split=test&n=4", "eval_k": 2},
+        "seeds": [0, 1],
+        "arms": {"grpo": {"feedback_ratio": 0.0}, "lanpo": {}},
+        "out": str(tmp_path / "out"),
+        **extra,
+    }
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_table(tiny_model_dir, tmp_path,
+                                                                                  monkeypatch):
+    grid_file = tiny_grid(tmp_path, tiny_model_dir)
+    docs = tmp_path / "results-doc.md"
+    docs.write_text("# Results\n\nkept text\n")
+    assert main(["experiment", str(grid_file), "--results-md", str(docs)]) == 0
+    out = tmp_path / "out"
+    table = (out / "results.md").read_text()
+    for arm in ("grpo", "lanpo"):
+        for seed in (0, 1):
+            cell = json.loads((out / arm / f"seed-{seed}" / "cell.json").read_text())
+            assert cell["arm"] == arm and cell["seed"] == seed
+    metric = "eval/arith/zero-shot/mean@2"
+    assert f"### {metric}, by step" in table and f"### {metric}, at equal wall-clock" in table
+    rows = [line for line in table.splitlines() if line.startswith("| 2 |")]
+    assert rows and rows[0].count("[2]") == 3, rows  # grpo, lanpo and lanpo − grpo, each over 2 seeds
+    assert "| grpo | feedback_ratio=0.0 | 2/2 |" in table
+    assert (out / "results.png").stat().st_size > 0
+    assert "kept text" in docs.read_text() and table in docs.read_text()
+
+    def no_runs(*args, **kwargs):
+        raise AssertionError("a finished grid ran a cell again")
+
+    monkeypatch.setattr(experiment, "run_cell", no_runs)
+    before = docs.read_text()
+    assert main(["experiment", str(grid_file), "--results-md", str(docs)]) == 0
+    assert (out / "results.md").read_text() == table and docs.read_text() == before
+
+    # an interrupted cell (no completion mark, its last checkpoint gone) resumes from its newest checkpoint
+    monkeypatch.undo()
+    run = out / "lanpo" / "seed-1"
+    (run / "cell.json").unlink()
+    shutil.rmtree(run / "checkpoint-2")
+    assert experiment.cell_state(load_grid(grid_file), "lanpo", 1) == "resume"
+    calls = []
+    real = experiment.run_cell
+    monkeypatch.setattr(experiment, "run_cell", lambda *a: calls.append(a[1:]) or real(*a))
+    assert main(["experiment", str(grid_file)]) == 0
+    assert calls == [("lanpo", 1, "resume")]
+    assert (run / "cell.json").is_file() and (run / "checkpoint-2").is_dir()
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert 1 in steps and 2 in steps  # step 1's rows kept from before the interruption, step 2 rerun
+
+    # a changed grid is refused for the cells that ran under the old one
+    grid_file.write_text(grid_file.read_text().replace("feedback_ratio: 0.0", "feedback_ratio: 0.5"))
+    with pytest.raises(GridError, match="grpo/seed-0"):
+        experiment.run_grid(load_grid(grid_file))
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"arms": {}}, "arms must map"),
+    ({"arms": {"a": {"seed": 3}}}, "sets seed or output_dir"),
+    ({"seeds": [0, 0]}, "distinct integers"),
+    ({"reference": "nope"}, "reference 'nope'"),
+    ({"base": "missing.yaml"}, "does not exist"),
+    ({"stray": 1}, "unknown keys"),
+])
+def test_bad_grids_fail_before_anything_runs(tmp_path, change, message):
+    spec = {"name": "g", "arms": {"a": {}}, "seeds": [0], "out": str(tmp_path / "o"), **change}
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(GridError, match=message):
+        load_grid(path)
+
+
+def test_an_arm_with_a_bad_field_is_named_before_any_cell_runs(tiny_model_dir, tmp_path, monkeypatch):
+    grid_file = tiny_grid(tmp_path, tiny_model_dir, arms={"ok": {}, "bad": {"feedback_ratio": 3.0}})
+    monkeypatch.setattr(experiment, "run_cell", lambda *a: pytest.fail("ran a cell before validating every arm"))
+    with pytest.raises(GridError, match="arm 'bad'.*feedback_ratio"):
+        experiment.run_grid(load_grid(grid_file))
+
+
+def test_mean_ci_matches_student_t():
+    mean, half, se = mean_ci([0.1, 0.2, 0.3])
+    assert mean == pytest.approx(0.2) and se == pytest.approx(0.1 / math.sqrt(3))
+    assert half == pytest.approx(4.303 * se)
+    assert mean_ci([0.5]) == (0.5, None, None)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=2, max_size=12), st.floats(-1, 1))
+def test_ci_contains_the_mean_and_shifts_with_the_data(values, shift):
+    mean, half, se = mean_ci(values)
+    moved = mean_ci([v + shift for v in values])
+    assert half >= 0 and se >= 0
+    assert moved[0] == pytest.approx(mean + shift, abs=1e-9) and moved[1] == pytest.approx(half, abs=1e-9)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1000), st.floats(-1, 1)), min_size=1, max_size=8), st.floats(0, 1000))
+def test_interpolation_stays_between_neighbours_and_never_extrapolates(points, x):
+    points = sorted({round(p[0], 3): p[1] for p in points}.items())
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    y = interpolate(xs, ys, x)
+    if x > xs[-1] or x < xs[0]:
+        assert y is None
+    else:
+        assert y is not None and min(ys) - 1e-9 <= y <= max(ys) + 1e-9
+    for px, py in points:  # through every point
+        assert interpolate(xs, ys, px) == pytest.approx(py, abs=1e-9)
+
+
+def test_shipped_grids_load_and_their_cells_parse(tmp_path):
+    from lanpo.train import parse
+
+    for path in sorted(Path("configs/experiments").glob("*.yaml")):
+        grid = load_grid(path)
+        assert grid.reference in grid.arms and len(grid.seeds) >= 3, path
+        for arm in grid.arms:
+            spec = tmp_path / f"{path.stem}-{arm}.yaml"
+            spec.write_text(yaml.safe_dump(grid.config(arm, grid.seeds[0])))
+            parse(["--config", str(spec)])  # no model loads: only the config is checked
