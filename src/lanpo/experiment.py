@@ -239,9 +239,10 @@ def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:
 
 
 def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
-    """``y`` at ``x`` on the polyline through ``(xs, ys)`` (sorted xs); ``None`` beyond its last point."""
+    """``y`` at ``x`` on the polyline through ``(xs, ys)`` (sorted xs); ``None`` outside it (by more than 1e-9)."""
     if not xs or x > xs[-1] + 1e-9 or x < xs[0] - 1e-9:
         return None
+    x = min(max(x, xs[0]), xs[-1])  # within 1e-9 of an end: the end
     for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
         if x0 <= x <= x1:
             return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
