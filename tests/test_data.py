@@ -189,3 +189,27 @@ def test_unit_notes_are_removed_only_after_a_number(tmp_path):
     stats = LoadStats()
     problems = rows_to_problems(rows, "s", stats=stats)
     assert [p.answer for p in problems] == ["9", "f (x)", "(A)", "12"] and stats.unit_notes_removed == 1
+
+
+@pytest.mark.parametrize("text,specs", [
+    ("math500", ["math500"]),
+    ("math500, aime24,amc23", ["math500", "aime24", "amc23"]),
+    ("builtin:arith?levels=1,2&split=test", ["builtin:arith?levels=1,2&split=test"]),
+    ("builtin:arith?levels=1,2,3,math500", ["builtin:arith?levels=1,2,3", "math500"]),
+    ("gsm8k,builtin:arith?levels=1,2,data/x.jsonl,org/name", ["gsm8k", "builtin:arith?levels=1,2", "data/x.jsonl",
+                                                             "org/name"]),
+    (" , math500,, ", ["math500"]),
+])
+def test_comma_separated_specs_keep_commas_inside_a_query(text, specs):
+    from lanpo.data import split_specs
+
+    assert split_specs(text) == specs
+
+
+def test_held_out_levels_load_through_eval_benchmarks():
+    from lanpo.training_eval import load_eval_problems
+
+    with pytest.raises(ValueError, match="would log as eval/arith"):  # one would silently replace the other
+        load_eval_problems("builtin:arith?levels=1,2&split=test,builtin:arith?split=test", 8)
+    problems = load_eval_problems("builtin:arith?levels=1,2&split=test", 128)["arith"]
+    assert len(problems) == 128 and {p.source for p in problems} == {"builtin:arith/L1", "builtin:arith/L2"}

@@ -156,7 +156,7 @@ def _benchmarks() -> list[str]:
 
 
 def cmd_eval(args) -> int:
-    from .data import default_split, load_problems
+    from .data import default_split, load_problems, split_specs
     from .evaluate import EvalSettings, evaluate, settings_dict, write_results
     from .generation import is_vllm
     from .models import check_model_name
@@ -170,7 +170,7 @@ def cmd_eval(args) -> int:
     check_model_name(_model_path(args.model))
     if args.backend == "vllm" and "retrieval" in modes and (args.scorer or "") == "llm":
         raise ValueError("--scorer llm judges with a transformers model: use --backend hf for it.")
-    specs = [b.strip() for b in args.benchmarks.split(",")] if args.benchmarks else \
+    specs = split_specs(args.benchmarks) if args.benchmarks else \
         [args.data or "builtin:arith?split=test"]
     settings = EvalSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,

@@ -281,6 +281,22 @@ def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
 # The one loader
 
 
+def split_specs(text: str) -> list[str]:
+    """Comma-separated data specs, where a comma inside a query stays: ``builtin:arith?levels=1,2,math500`` is
+    ``builtin:arith?levels=1,2`` and ``math500`` (a piece joins the spec before it when that spec has a query and
+    the piece names no data of its own: no preset, no ``builtin:``, file or hub name)."""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        names_data = piece in PRESETS or any(c in piece for c in ":/.")
+        if specs and "?" in specs[-1] and not names_data:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
 def default_split(spec: str) -> str | None:
     """The split held-out evaluation reads when none is named: ``test`` for ``builtin:`` sets, else the source's."""
     return "test" if spec.startswith("builtin:") and "split=" not in spec else None

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .data import Problem, default_split, load_problems
+from .data import Problem, default_split, load_problems, split_specs
 from .evaluate import EvalSettings, evaluate
 
 logger = logging.getLogger(__name__)
@@ -31,7 +31,10 @@ def benchmark_name(spec: str) -> str:
 def load_eval_problems(specs: str, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
     """The held-out problems of ``eval_benchmarks`` (comma-separated data specs), by metric name."""
     problems = {}
-    for spec in (s.strip() for s in specs.split(",") if s.strip()):
+    for spec in split_specs(specs):
+        if benchmark_name(spec) in problems:
+            raise ValueError(f"eval_benchmarks: two of {split_specs(specs)} would log as eval/{benchmark_name(spec)}/"
+                             "...; evaluate them in separate runs, or use data files with distinct names.")
         problems[benchmark_name(spec)] = load_problems(spec, split=default_split(spec), limit=limit, data_dir=data_dir)
     return problems
 
