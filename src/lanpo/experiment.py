@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ import yaml
 
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+MEAN_AT_K = re.compile(r"^eval/.+/mean@\d+$")  # not the _stderr beside it: the table's error bars are over seeds
 GRID_KEYS = {"name", "base", "settings", "seeds", "reference", "arms", "out"}
 COMPLETE = "cell.json"
 
@@ -267,7 +269,7 @@ def cell_results(run: Path) -> dict:
             seconds[int(row["step"])] = clock
             steps.append(float(row["step_time"]))
         for key, value in row.items():
-            if key.startswith("eval/") and "/mean@" in key and value is not None:
+            if MEAN_AT_K.match(key) and value is not None:
                 evals.setdefault(key, {})[int(row["step"])] = float(value)  # a resumed run's repeat: the last
     return {"evals": evals, "seconds": seconds, "step_time": sum(steps) / len(steps) if steps else None,
             "parse_rate": sum(parse) / len(parse) if parse else None}
@@ -283,9 +285,9 @@ def collect(grid: Grid) -> dict[str, dict[int, dict]]:
     return found
 
 
-def _fmt(mean: float, half: float | None, se: float | None, signed: bool = False) -> str:
-    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
-    return text + (f" ± {half:.3f} ({se:.3f})" if half is not None else "")
+def _fmt(mean: float, half: float | None, se: float | None, signed: bool = False, digits: int = 3) -> str:
+    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return text + (f" ± {half:.{digits}f} ({se:.{digits}f})" if half is not None else "")
 
 
 def _at_seconds(cell: dict, metric: str, t: float) -> float | None:
@@ -325,7 +327,7 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
         parse = [c["parse_rate"] for c in cells.values() if c["parse_rate"] is not None]
         overrides = ", ".join(f"{k}={v}" for k, v in grid.arms[arm].items()) or "(base)"
         lines.append(f"| {arm} | {overrides} | {len(cells)}/{len(grid.seeds)} | "
-                     f"{_fmt(*mean_ci(times)) if times else '—'} | {_fmt(*mean_ci(parse)) if parse else '—'} |")
+                     f"{_fmt(*mean_ci(times), digits=1) if times else '—'} | {_fmt(*mean_ci(parse)) if parse else '—'} |")
     metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
     for metric in metrics:
         steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
