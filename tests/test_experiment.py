@@ -107,6 +107,13 @@ def test_an_arm_with_a_bad_field_is_named_before_any_cell_runs(tiny_model_dir, t
         experiment.run_grid(load_grid(grid_file))
 
 
+def test_seeds_outside_the_grid_are_refused(tiny_model_dir, tmp_path, monkeypatch):
+    grid = load_grid(tiny_grid(tmp_path, tiny_model_dir))
+    monkeypatch.setattr(experiment, "run_cell", lambda *a: pytest.fail("ran a cell the table would never show"))
+    with pytest.raises(GridError, match="--seeds 7: not seeds of tiny"):
+        experiment.run_grid(grid, seeds=[0, 7])
+
+
 def test_mean_ci_matches_student_t():
     mean, half, se = mean_ci([0.1, 0.2, 0.3])
     assert mean == pytest.approx(0.2) and se == pytest.approx(0.1 / math.sqrt(3))

@@ -57,9 +57,12 @@ class Grid:
     base: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
 
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.out / arm / f"seed-{seed}"
+
     def config(self, arm: str, seed: int) -> dict:
         return {**self.base, **self.settings, **self.arms[arm], "seed": seed,
-                "output_dir": str(self.out / arm / f"seed-{seed}")}
+                "output_dir": str(self.run_dir(arm, seed))}
 
     def cells(self, arms: list[str] | None = None, seeds: list[int] | None = None) -> list[tuple[str, int]]:
         return [(a, s) for a in (arms or list(self.arms)) for s in (seeds if seeds is not None else self.seeds)]
@@ -112,7 +115,7 @@ def cell_state(grid: Grid, arm: str, seed: int) -> str:
     """complete | changed (done with another config) | resume (a checkpoint to continue) | new."""
     from .train import resume_target
 
-    run = grid.out / arm / f"seed-{seed}"
+    run = grid.run_dir(arm, seed)
     done = run / COMPLETE
     if done.is_file():
         return "complete" if json.loads(done.read_text()).get("config") == config_hash(grid.config(arm, seed)) \
@@ -129,7 +132,7 @@ def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
     from .train import parse
 
     for arm, seed in cells:
-        spec = grid.out / arm / f"seed-{seed}.yaml"
+        spec = grid.run_dir(arm, seed).with_suffix(".yaml")
         spec.parent.mkdir(parents=True, exist_ok=True)
         spec.write_text(yaml.safe_dump(grid.config(arm, seed), sort_keys=False))
         try:
@@ -142,11 +145,11 @@ def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
 
 def run_cell(grid: Grid, arm: str, seed: int, state: str) -> bool:
     """One ``lanpo train`` process; ``cell.json`` marks the cell complete when it exits 0."""
-    run, spec = grid.out / arm / f"seed-{seed}", grid.out / arm / f"seed-{seed}.yaml"
+    run = grid.run_dir(arm, seed)
     if state == "resume":
         argv = ["--resume", "latest", "--output_dir", str(run)]
     else:
-        argv = ["--config", str(spec), "--overwrite"]
+        argv = ["--config", str(run.with_suffix(".yaml")), "--overwrite"]
     code = subprocess.run([sys.executable, "-m", "lanpo.cli", "train", *argv]).returncode
     if code == 0:
         (run / COMPLETE).write_text(json.dumps({"arm": arm, "seed": seed,
@@ -160,6 +163,10 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
     unknown = sorted(set(arms or []) - set(grid.arms))
     if unknown:
         raise GridError(f"--only {', '.join(unknown)}: not arms of {grid.name} ({', '.join(grid.arms)}).")
+    outside = sorted(set(seeds or []) - set(grid.seeds))
+    if outside:  # their cells would run and never reach the table
+        raise GridError(f"--seeds {', '.join(map(str, outside))}: not seeds of {grid.name} {grid.seeds}; add them to "
+                        "the grid's seeds.")
     cells = grid.cells(arms, seeds)
     failed = []
     if not table_only:
@@ -279,9 +286,8 @@ def collect(grid: Grid) -> dict[str, dict[int, dict]]:
     """``{arm: {seed: cell_results}}`` of the complete cells."""
     found: dict[str, dict[int, dict]] = {}
     for arm, seed in grid.cells():
-        run = grid.out / arm / f"seed-{seed}"
-        if (run / COMPLETE).is_file():
-            found.setdefault(arm, {})[seed] = cell_results(run)
+        if (grid.run_dir(arm, seed) / COMPLETE).is_file():
+            found.setdefault(arm, {})[seed] = cell_results(grid.run_dir(arm, seed))
     return found
 
 

@@ -155,7 +155,8 @@ def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]],
 def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, *,
                   retriever: Retriever, pool: ExperiencePool, reflection_source: str, keep_context: bool,
                   pending: list[Trial], timer: Counter, counts: Counter,
-                  judge: AbstractContextManager | None = None) -> tuple[dict[str, Any], list[str]]:
+                  judge: AbstractContextManager | None = None
+                  ) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
     """Generate one completion per row; returns TRL's rollout output, the summaries that ended as ``(trial, text)``
     and the trials whose summaries go on in the next batch."""
     start = time.perf_counter()
@@ -217,12 +218,11 @@ def continue_summaries(model: RolloutModel, pending: list[Trial], completions: l
     """Append each trial's new tokens to its summary (cut at ``summary_max_length``); ``(finished (trial, text),
     carried)``: a summary has finished at an end-of-sequence token, at its limit, or when a completion stopped
     short of the generation's limit; the others are carried to the next batch (``final``: none is)."""
-    finished, carried = [], []
+    limit, finished, carried = model.summary_max_length, [], []
     for trial, new in zip(pending, completions):
-        trial.summary_ids = (trial.summary_ids + list(new))[:model.summary_max_length]
-        ended = not new or new[-1] in model.stop_ids or (model.max_new_tokens or 0) > len(new) \
-            or len(trial.summary_ids) >= (model.summary_max_length or 0)
-        if ended or final:
+        trial.summary_ids = (trial.summary_ids + list(new))[:limit]
+        stopped = not new or new[-1] in model.stop_ids or len(new) < (model.max_new_tokens or 0)
+        if final or stopped or limit is None or len(trial.summary_ids) >= limit:
             finished.append((trial, _summary_text(model, trial)))
         else:
             carried.append(trial)

@@ -30,12 +30,13 @@ def benchmark_name(spec: str) -> str:
 
 def load_eval_problems(specs: str, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
     """The held-out problems of ``eval_benchmarks`` (comma-separated data specs), by metric name."""
-    problems = {}
-    for spec in split_specs(specs):
-        if benchmark_name(spec) in problems:
-            raise ValueError(f"eval_benchmarks: two of {split_specs(specs)} would log as eval/{benchmark_name(spec)}/"
-                             "...; evaluate them in separate runs, or use data files with distinct names.")
-        problems[benchmark_name(spec)] = load_problems(spec, split=default_split(spec), limit=limit, data_dir=data_dir)
+    problems, listed = {}, split_specs(specs)
+    for spec in listed:
+        name = benchmark_name(spec)
+        if name in problems:
+            raise ValueError(f"eval_benchmarks: two of {listed} would log as eval/{name}/...; evaluate them in "
+                             "separate runs, or use data files with distinct names.")
+        problems[name] = load_problems(spec, split=default_split(spec), limit=limit, data_dir=data_dir)
     return problems
 
 
