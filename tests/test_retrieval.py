@@ -194,3 +194,29 @@ def test_maxscore_top_k_equals_brute_force_on_a_zipf_corpus():
             # same top-k scores, and every returned entry truly has its score (ties may come in either order)
             assert [s for _, s in got] == pytest.approx([s for s, _ in want], rel=1e-9)
             assert all(truth[e] == pytest.approx(s, rel=1e-9) for e, s in got)
+
+
+@pytest.mark.parametrize("preset", [None, "true"])
+def test_bm25s_import_keeps_jax_from_reserving_the_gpu(tmp_path, preset):
+    """bm25s calls JAX as it imports; JAX's first call reserves 75% of the GPU unless preallocation is off by then.
+    A stand-in ``jax`` records the setting at that first call (a user's own setting is kept)."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "fake" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("from . import lax\n")
+    (fake / "lax.py").write_text(
+        "import os\n"
+        "def top_k(x, k):\n"
+        f"    open({str(tmp_path / 'seen.txt')!r}, 'a').write(str(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')))\n"
+        "    return x[:k], list(range(k))\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
+    if preset:
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = preset
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", "from lanpo.bm25 import BM25Index; BM25Index()"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "seen.txt").read_text() == (preset or "false")

@@ -9,6 +9,7 @@ is rebuilt per insert.
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterable
 
 import numpy as np
@@ -19,6 +20,18 @@ from .pool import PoolEntry
 def entry_text(entry: PoolEntry) -> str:
     """What BM25 indexes: the entry's problem and its principles."""
     return entry.problem + "\n" + "\n".join(entry.principles)
+
+
+def import_bm25s():
+    """``import bm25s`` without letting JAX take the GPU. Where JAX is installed, bm25s runs a JAX top-k as it
+    imports, and JAX's first use reserves 75% of the GPU's memory (``XLA_PYTHON_CLIENT_PREALLOCATE``): measured on
+    an H100 with JAX installed, a ``lanpo train`` process of SmolLM2-135M held 62-65 GiB that way (1.6-5 GiB with
+    preallocation off), and the next process on the GPU ran out of memory. lanpo never uses JAX, so preallocation is
+    turned off here unless the user has set it."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
+
+    return bm25s
 
 
 def _group(problem_id: str) -> int:
@@ -51,8 +64,7 @@ class BM25Index:
     """Incremental Lucene BM25 (k1, b as in bm25s) keyed by pool entry id."""
 
     def __init__(self, k1: float = 1.5, b: float = 0.75) -> None:
-        import bm25s
-
+        bm25s = import_bm25s()
         self.k1, self.b = k1, b
         self.tokenizer = bm25s.tokenization.Tokenizer(lower=True, splitter=r"(?u)\b\w+\b", stopwords="en")
         self._postings: list[tuple[_Growable, _Growable]] = []  # term -> (doc indexes, term frequencies)
