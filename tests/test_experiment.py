@@ -73,7 +73,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     real = experiment.run_cell
     monkeypatch.setattr(experiment, "run_cell", lambda *a: calls.append(a[1:]) or real(*a))
     assert main(["experiment", str(grid_file)]) == 0
-    assert calls == [("lanpo", 1, "resume")]
+    assert calls == [("lanpo", 1, "resume", None)]  # None: its output to the terminal (one job)
     assert (run / "cell.json").is_file() and (run / "checkpoint-2").is_dir()
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert 1 in steps and 2 in steps  # step 1's rows kept from before the interruption, step 2 rerun
@@ -154,3 +154,32 @@ def test_shipped_grids_load_and_their_cells_parse(tmp_path):
             spec = tmp_path / f"{path.stem}-{arm}.yaml"
             spec.write_text(yaml.safe_dump(grid.config(arm, grid.seeds[0])))
             parse(["--config", str(spec)])  # no model loads: only the config is checked
+
+
+def test_jobs_run_cells_at_once_each_with_its_log(tiny_model_dir, tmp_path, monkeypatch):
+    grid_file = tiny_grid(tmp_path, tiny_model_dir)
+    grid = load_grid(grid_file)
+    running, peak = set(), []
+    real = experiment.run_cell
+
+    def tracked(grid, arm, seed, state, log=None):
+        running.add((arm, seed))
+        peak.append(len(running))
+        try:
+            return real(grid, arm, seed, state, log)
+        finally:
+            running.discard((arm, seed))
+
+    monkeypatch.setattr(experiment, "run_cell", tracked)
+    assert main(["experiment", str(grid_file), "--jobs", "2", "--seeds", "0"]) == 0
+    assert max(peak) == 2  # both cells (grpo and lanpo, seed 0) ran at once
+    for arm in ("grpo", "lanpo"):
+        assert (grid.run_dir(arm, 0) / "cell.json").is_file()
+        assert "train" in grid.run_dir(arm, 0).with_suffix(".log").read_text().lower()
+    assert not grid.run_dir("grpo", 1).exists()
+
+
+def test_jobs_below_one_are_refused(tmp_path, capsys):
+    grid_file = tiny_grid(tmp_path, tmp_path / "no-model-needed")
+    assert main(["experiment", str(grid_file), "--jobs", "0"]) != 0
+    assert "--jobs must be 1 or more" in capsys.readouterr().err

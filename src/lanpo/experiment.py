@@ -143,14 +143,20 @@ def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
             raise GridError(f"arm {arm!r} (seed {seed}): its config does not parse (see above).") from error
 
 
-def run_cell(grid: Grid, arm: str, seed: int, state: str) -> bool:
-    """One ``lanpo train`` process; ``cell.json`` marks the cell complete when it exits 0."""
+def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = None) -> bool:
+    """One ``lanpo train`` process (its output to ``log`` when given); ``cell.json`` marks the cell complete when it
+    exits 0."""
     run = grid.run_dir(arm, seed)
     if state == "resume":
         argv = ["--resume", "latest", "--output_dir", str(run)]
     else:
         argv = ["--config", str(run.with_suffix(".yaml")), "--overwrite"]
-    code = subprocess.run([sys.executable, "-m", "lanpo.cli", "train", *argv]).returncode
+    command = [sys.executable, "-m", "lanpo.cli", "train", *argv]
+    if log is None:
+        code = subprocess.run(command).returncode
+    else:
+        with log.open("a") as handle:
+            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
     if code == 0:
         (run / COMPLETE).write_text(json.dumps({"arm": arm, "seed": seed,
                                                 "config": config_hash(grid.config(arm, seed))}) + "\n")
@@ -158,8 +164,12 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str) -> bool:
 
 
 def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None = None,
-             results_md: str | Path | None = None, table_only: bool = False) -> int:
-    """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table. Returns an exit code."""
+             results_md: str | Path | None = None, table_only: bool = False, jobs: int = 1) -> int:
+    """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table. Returns an exit code.
+
+    ``jobs`` > 1 runs that many cells at once (each its output in ``OUT/ARM/seed-S.log``), for machines where one
+    run leaves the accelerator idle; cells sharing a machine slow each other, so their wall-clock is not a
+    clean measure of an arm's cost."""
     unknown = sorted(set(arms or []) - set(grid.arms))
     if unknown:
         raise GridError(f"--only {', '.join(unknown)}: not arms of {grid.name} ({', '.join(grid.arms)}).")
@@ -179,10 +189,22 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
         validate(grid, todo)
         print(f"{grid.name}: {len(cells) - len(todo)} of {len(cells)} cells complete, {len(todo)} to run",
               flush=True)
-        for k, (arm, seed) in enumerate(todo, 1):
+        def one(k: int, arm: str, seed: int) -> None:
             print(f"[{k}/{len(todo)}] {arm} seed {seed}: {states[(arm, seed)]}", flush=True)
-            if not run_cell(grid, arm, seed, states[(arm, seed)]):
+            log = grid.run_dir(arm, seed).with_suffix(".log") if jobs > 1 else None
+            if not run_cell(grid, arm, seed, states[(arm, seed)], log):
                 failed.append(f"{arm}/seed-{seed}")
+            elif log is not None:
+                print(f"{arm} seed {seed}: done", flush=True)
+
+        if jobs > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(jobs) as pool:  # each cell is a process of its own; threads only wait
+                list(pool.map(lambda item: one(item[0], *item[1]), enumerate(todo, 1)))
+        else:
+            for k, (arm, seed) in enumerate(todo, 1):
+                one(k, arm, seed)
     results = collect(grid)
     table = results_table(grid, results)
     grid.out.mkdir(parents=True, exist_ok=True)
@@ -210,6 +232,10 @@ def add_parser(sub, new_path) -> None:
     p.add_argument("--only", help="comma-separated arms to run (default: every arm)")
     p.add_argument("--seeds", help="comma-separated seeds to run (default: the grid's)")
     p.add_argument("--table-only", action="store_true", help="run nothing: rewrite the table from finished cells")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells to run at once (default 1; on a GPU that one small run leaves idle, more; each cell's "
+                        "output then goes to OUT/ARM/seed-S.log). Cells sharing a machine slow each other, so the "
+                        "wall-clock columns then measure contention too")
     p.add_argument("--results-md", type=new_path("file"),
                    help="also put the table into this markdown file, between the grid's markers")
     p.set_defaults(func=command)
@@ -222,7 +248,9 @@ def command(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError as error:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
-    code = run_grid(grid, arms, seeds, args.results_md, args.table_only)
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be 1 or more, got {args.jobs}.")
+    code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs)
     print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
     return code
 
