@@ -29,6 +29,7 @@ printed last.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -71,7 +72,12 @@ def warm_pool(model_path: str, dataset, forced: int | None, workdir: str) -> str
     path = os.path.join(workdir, "warm-pool.sqlite")
     trainer.pool.backup(path)
     stats = trainer.pool.stats()
-    print("warm epoch:", json.dumps({"steps": len(dataset), "pool": stats}), flush=True)
+    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+    print("warm epoch:", json.dumps({"steps": len(dataset), "pool": stats, "peak_gpu_gib": peak}), flush=True)
+    del trainer  # the arms run in processes of their own: give them this process's GPU memory
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     return path
 
 
@@ -112,6 +118,7 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: in
     split = {key: round(statistics.median(h[key] for h in logs[1:]), 2) for key in SPLIT if key in logs[-1]}
     return {"step_times": [round(x, 1) for x in step_times], "split_median_s": split,
             "wall_s": round(time.perf_counter() - start, 1),
+            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
             "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1),
             **{key: round(statistics.mean(h.get(key, 0.0) for h in logs[1:]), 3) for key in SHARES}}
 
