@@ -153,7 +153,9 @@ def test_shipped_grids_load_and_their_cells_parse(tmp_path):
         for arm in grid.arms:
             spec = tmp_path / f"{path.stem}-{arm}.yaml"
             spec.write_text(yaml.safe_dump(grid.config(arm, grid.seeds[0])))
-            parse(["--config", str(spec)])  # no model loads: only the config is checked
+            _, _, config = parse(["--config", str(spec)])  # no model loads: only the config is checked
+            if arm == "grpo":  # the baseline is plain GRPO: no feedback, and no summaries (p_t 0 runs them apart)
+                assert config.feedback_ratio == 0 and config.summaries_per_group == 0, path
 
 
 def test_jobs_run_cells_at_once_each_with_its_log(tiny_model_dir, tmp_path, monkeypatch):
