@@ -158,6 +158,16 @@ def test_shipped_grids_load_and_their_cells_parse(tmp_path):
                 assert config.feedback_ratio == 0 and config.summaries_per_group == 0, path
 
 
+def test_the_gpu_grid_is_the_embedded_grid_on_another_device():
+    """embedded-gpu.yaml repeats embedded.yaml's settings and arms: they must not drift apart."""
+    cpu, gpu = load_grid("configs/experiments/embedded.yaml"), load_grid("configs/experiments/embedded-gpu.yaml")
+    device = {"use_cpu", "bf16"}
+    assert gpu.arms == cpu.arms and gpu.seeds == cpu.seeds and gpu.reference == cpu.reference
+    assert gpu.base == cpu.base
+    assert {k: v for k, v in gpu.settings.items() if k not in device} == cpu.settings
+    assert gpu.settings["use_cpu"] is False and gpu.out != cpu.out
+
+
 def test_jobs_run_cells_at_once_each_with_its_log(tiny_model_dir, tmp_path, monkeypatch):
     grid_file = tiny_grid(tmp_path, tiny_model_dir)
     grid = load_grid(grid_file)

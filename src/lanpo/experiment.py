@@ -170,6 +170,8 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
     ``jobs`` > 1 runs that many cells at once (each its output in ``OUT/ARM/seed-S.log``), for machines where one
     run leaves the accelerator idle; cells sharing a machine slow each other, so their wall-clock is not a
     clean measure of an arm's cost."""
+    if jobs < 1:
+        raise GridError(f"--jobs must be 1 or more, got {jobs}.")
     unknown = sorted(set(arms or []) - set(grid.arms))
     if unknown:
         raise GridError(f"--only {', '.join(unknown)}: not arms of {grid.name} ({', '.join(grid.arms)}).")
@@ -189,22 +191,23 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
         validate(grid, todo)
         print(f"{grid.name}: {len(cells) - len(todo)} of {len(cells)} cells complete, {len(todo)} to run",
               flush=True)
-        def one(k: int, arm: str, seed: int) -> None:
-            print(f"[{k}/{len(todo)}] {arm} seed {seed}: {states[(arm, seed)]}", flush=True)
+        def one(k: int, cell: tuple[str, int]) -> None:
+            arm, seed = cell
+            print(f"[{k}/{len(todo)}] {arm} seed {seed}: {states[cell]}", flush=True)
             log = grid.run_dir(arm, seed).with_suffix(".log") if jobs > 1 else None
-            if not run_cell(grid, arm, seed, states[(arm, seed)], log):
+            if not run_cell(grid, arm, seed, states[cell], log):
                 failed.append(f"{arm}/seed-{seed}")
             elif log is not None:
                 print(f"{arm} seed {seed}: done", flush=True)
 
-        if jobs > 1:
+        if jobs == 1:
+            for k, cell in enumerate(todo, 1):
+                one(k, cell)
+        else:
             from concurrent.futures import ThreadPoolExecutor
 
             with ThreadPoolExecutor(jobs) as pool:  # each cell is a process of its own; threads only wait
-                list(pool.map(lambda item: one(item[0], *item[1]), enumerate(todo, 1)))
-        else:
-            for k, (arm, seed) in enumerate(todo, 1):
-                one(k, arm, seed)
+                list(pool.map(one, range(1, len(todo) + 1), todo))
     results = collect(grid)
     table = results_table(grid, results)
     grid.out.mkdir(parents=True, exist_ok=True)
@@ -248,8 +251,6 @@ def command(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError as error:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
-    if args.jobs < 1:
-        raise ValueError(f"--jobs must be 1 or more, got {args.jobs}.")
     code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs)
     print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
     return code
@@ -314,8 +315,9 @@ def collect(grid: Grid) -> dict[str, dict[int, dict]]:
     """``{arm: {seed: cell_results}}`` of the complete cells."""
     found: dict[str, dict[int, dict]] = {}
     for arm, seed in grid.cells():
-        if (grid.run_dir(arm, seed) / COMPLETE).is_file():
-            found.setdefault(arm, {})[seed] = cell_results(grid.run_dir(arm, seed))
+        run = grid.run_dir(arm, seed)
+        if (run / COMPLETE).is_file():
+            found.setdefault(arm, {})[seed] = cell_results(run)
     return found
 
 
