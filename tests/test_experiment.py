@@ -73,7 +73,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     real = experiment.run_cell
     monkeypatch.setattr(experiment, "run_cell", lambda *a: calls.append(a[1:]) or real(*a))
     assert main(["experiment", str(grid_file)]) == 0
-    assert calls == [("lanpo", 1, "resume", None)]  # None: its output to the terminal (one job)
+    assert calls == [("lanpo", 1, "resume", None, 1)]  # None: its output to the terminal (one job)
     assert (run / "cell.json").is_file() and (run / "checkpoint-2").is_dir()
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert 1 in steps and 2 in steps  # step 1's rows kept from before the interruption, step 2 rerun
@@ -174,11 +174,11 @@ def test_jobs_run_cells_at_once_each_with_its_log(tiny_model_dir, tmp_path, monk
     running, peak = set(), []
     real = experiment.run_cell
 
-    def tracked(grid, arm, seed, state, log=None):
+    def tracked(grid, arm, seed, state, log=None, jobs=1):
         running.add((arm, seed))
         peak.append(len(running))
         try:
-            return real(grid, arm, seed, state, log)
+            return real(grid, arm, seed, state, log, jobs)
         finally:
             running.discard((arm, seed))
 
@@ -189,6 +189,14 @@ def test_jobs_run_cells_at_once_each_with_its_log(tiny_model_dir, tmp_path, monk
         assert (grid.run_dir(arm, 0) / "cell.json").is_file()
         assert "train" in grid.run_dir(arm, 0).with_suffix(".log").read_text().lower()
     assert not grid.run_dir("grpo", 1).exists()
+
+
+def test_cells_run_at_once_share_the_cores_unless_the_user_chose():
+    assert experiment.cell_env(2, {"PATH": "/bin"}, cpus=2) == {"PATH": "/bin", "OMP_NUM_THREADS": "1"}
+    assert experiment.cell_env(4, {}, cpus=16)["OMP_NUM_THREADS"] == "4"
+    assert experiment.cell_env(8, {}, cpus=2)["OMP_NUM_THREADS"] == "1"  # never 0
+    assert experiment.cell_env(2, {"OMP_NUM_THREADS": "3"}, cpus=2)["OMP_NUM_THREADS"] == "3"
+    assert "OMP_NUM_THREADS" not in experiment.cell_env(1, {}, cpus=2)  # one cell: torch's own default
 
 
 def test_jobs_below_one_are_refused(tmp_path, capsys):

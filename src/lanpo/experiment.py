@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -143,20 +144,31 @@ def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
             raise GridError(f"arm {arm!r} (seed {seed}): its config does not parse (see above).") from error
 
 
-def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = None) -> bool:
+def cell_env(jobs: int, environ: dict[str, str] | None = None, cpus: int | None = None) -> dict[str, str]:
+    """The environment of a cell's process: with ``jobs`` cells at once, each gets its share of the CPU cores as
+    torch threads (unless the user set ``OMP_NUM_THREADS``); by default torch takes every core in every process,
+    and cells oversubscribing the cores slow each other far more than sharing them does."""
+    env = dict(os.environ if environ is None else environ)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (cpus or os.cpu_count() or 1) // jobs))
+    return env
+
+
+def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = None, jobs: int = 1) -> bool:
     """One ``lanpo train`` process (its output to ``log`` when given); ``cell.json`` marks the cell complete when it
-    exits 0."""
+    exits 0. ``jobs``: cells running at once (see :func:`cell_env`)."""
     run = grid.run_dir(arm, seed)
     if state == "resume":
         argv = ["--resume", "latest", "--output_dir", str(run)]
     else:
         argv = ["--config", str(run.with_suffix(".yaml")), "--overwrite"]
     command = [sys.executable, "-m", "lanpo.cli", "train", *argv]
+    env = cell_env(jobs)
     if log is None:
-        code = subprocess.run(command).returncode
+        code = subprocess.run(command, env=env).returncode
     else:
         with log.open("a") as handle:
-            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT).returncode
+            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     if code == 0:
         (run / COMPLETE).write_text(json.dumps({"arm": arm, "seed": seed,
                                                 "config": config_hash(grid.config(arm, seed))}) + "\n")
@@ -195,7 +207,7 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
             arm, seed = cell
             print(f"[{k}/{len(todo)}] {arm} seed {seed}: {states[cell]}", flush=True)
             log = grid.run_dir(arm, seed).with_suffix(".log") if jobs > 1 else None
-            if not run_cell(grid, arm, seed, states[cell], log):
+            if not run_cell(grid, arm, seed, states[cell], log, jobs):
                 failed.append(f"{arm}/seed-{seed}")
             elif log is not None:
                 print(f"{arm} seed {seed}: done", flush=True)
@@ -237,8 +249,9 @@ def add_parser(sub, new_path) -> None:
     p.add_argument("--table-only", action="store_true", help="run nothing: rewrite the table from finished cells")
     p.add_argument("--jobs", type=int, default=1,
                    help="cells to run at once (default 1; on a GPU that one small run leaves idle, more; each cell's "
-                        "output then goes to OUT/ARM/seed-S.log). Cells sharing a machine slow each other, so the "
-                        "wall-clock columns then measure contention too")
+                        "output then goes to OUT/ARM/seed-S.log, and each gets cores/N torch threads unless "
+                        "OMP_NUM_THREADS is set). Cells sharing a machine slow each other, so the wall-clock "
+                        "columns then measure contention too")
     p.add_argument("--results-md", type=new_path("file"),
                    help="also put the table into this markdown file, between the grid's markers")
     p.set_defaults(func=command)
