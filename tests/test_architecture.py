@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 # Lower stages first: a module may import only modules listed before it (function-level imports included).
 STAGES = ["numbers", "answers", "prompts", "arith", "presets", "data", "models", "pool", "pool_io", "bm25", "generation", "rewards", "retrieval", "feedback",
           "summarize", "rollout", "objective", "checkpoints", "vllm_cpu", "config", "runlog", "loss", "evaluate",
-          "training_eval", "trainer", "sft_data", "sft", "compare", "report", "train", "experiment", "cli", "demo", "__init__"]
+          "training_eval", "trainer", "sft_data", "sft", "compare", "report", "train", "grid_results", "experiment", "cli", "demo", "__init__"]
 
 
 def lanpo_imports(path: Path) -> set[str]:

@@ -52,6 +52,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     rows = [line for line in table.splitlines() if line.startswith("| 2 |")]
     assert rows and rows[0].count("[2]") == 3, rows  # grpo, lanpo and lanpo − grpo, each over 2 seeds
     assert "| grpo | feedback_ratio=0.0 | 2/2 |" in table
+    assert "| s/step | summary parse rate | train reward, scratch rows | train reward, feedback rows |" in table
     assert (out / "results.png").stat().st_size > 0
     assert "kept text" in docs.read_text() and table in docs.read_text()
 
@@ -203,3 +204,19 @@ def test_jobs_below_one_are_refused(tmp_path, capsys):
     grid_file = tiny_grid(tmp_path, tmp_path / "no-model-needed")
     assert main(["experiment", str(grid_file), "--jobs", "0"]) != 0
     assert "--jobs must be 1 or more" in capsys.readouterr().err
+
+
+def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
+    from lanpo.grid_results import cell_results
+
+    rows = [{"step": 0, "eval/arith/zero-shot/mean@4": 0.25},
+            {"step": 1, "step_time": 10.0, "reward/scratch/mean": 0.5, "reward/feedback/mean": 0.0,
+             "completions/clipped_ratio": 0.25},
+            {"step": 2, "step_time": 20.0, "reward/scratch/mean": 1.0, "completions/clipped_ratio": 0.75,
+             "summaries/parse_rate": 0.5}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cell = cell_results(tmp_path)
+    assert cell["training"] == {"summary parse rate": 0.5, "train reward, scratch rows": 0.75,
+                                "train reward, feedback rows": 0.0, "truncated": 0.5}
+    assert cell["step_time"] == 15.0 and cell["seconds"] == {0: 0.0, 1: 10.0, 2: 30.0}
+    assert cell["evals"] == {"eval/arith/zero-shot/mean@4": {0: 0.25}}

@@ -1,0 +1,215 @@
+"""The results of a ``lanpo experiment`` grid: per-cell series, statistics over seeds, the table and the plot.
+
+Statistics: per arm the mean over seeds with its 95% confidence interval (Student t, n − 1 degrees of freedom)
+and standard error; each arm's difference from the reference paired by seed, at equal steps and at equal
+wall-clock (training seconds, evaluation excluded, interpolated). ``grid`` is a :class:`lanpo.experiment.Grid`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Protocol
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+MEAN_AT_K = re.compile(r"^eval/.+/mean@\d+$")  # not the _stderr beside it: the table's error bars are over seeds
+COMPLETE = "cell.json"
+
+
+class Grid(Protocol):
+    """What the results need of :class:`lanpo.experiment.Grid` (defined there: it is a later stage)."""
+    name: str
+    arms: dict[str, dict]
+    seeds: list[int]
+    reference: str
+
+    def run_dir(self, arm: str, seed: int) -> Path: ...
+    def cells(self) -> list[tuple[str, int]]: ...
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+
+
+def t975(df: int) -> float:
+    if df in T975:
+        return T975[df]
+    known = [d for d in sorted(T975) if d <= df]
+    return T975[known[-1]] if df <= 30 else 1.96
+
+
+def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:
+    """``(mean, 95% CI half-width, standard error)``; no interval from one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None, None
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return mean, t975(n - 1) * se, se
+
+
+def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
+    """``y`` at ``x`` on the polyline through ``(xs, ys)`` (sorted xs); ``None`` outside it (by more than 1e-9)."""
+    if not xs or x > xs[-1] + 1e-9 or x < xs[0] - 1e-9:
+        return None
+    x = min(max(x, xs[0]), xs[-1])  # within 1e-9 of an end: the end
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+# -- results -------------------------------------------------------------------------------------------------
+
+
+# training diagnostics in the arms' table: column -> metric averaged over a cell's training steps
+TRAINING = {"summary parse rate": "summaries/parse_rate", "train reward, scratch rows": "reward/scratch/mean",
+            "train reward, feedback rows": "reward/feedback/mean", "truncated": "completions/clipped_ratio"}
+
+
+def cell_results(run: Path) -> dict:
+    """One finished cell: eval series by step, training seconds by step, mean step time, and the means over its
+    training steps of the ``TRAINING`` metrics."""
+    from .runlog import read_metrics
+
+    rows = read_metrics(run)
+    evals: dict[str, dict[int, float]] = {}
+    seconds, clock = {0: 0.0}, 0.0
+    steps = []
+    for row in rows:
+        if row.get("step_time") is not None:
+            clock += float(row["step_time"])
+            seconds[int(row["step"])] = clock
+            steps.append(float(row["step_time"]))
+        for key, value in row.items():
+            if MEAN_AT_K.match(key) and value is not None:
+                evals.setdefault(key, {})[int(row["step"])] = float(value)  # a resumed run's repeat: the last
+    training = {}
+    for column, key in TRAINING.items():
+        values = [float(r[key]) for r in rows if r.get(key) is not None]
+        training[column] = sum(values) / len(values) if values else None
+    return {"evals": evals, "seconds": seconds, "step_time": sum(steps) / len(steps) if steps else None,
+            "training": training}
+
+
+def collect(grid: Grid) -> dict[str, dict[int, dict]]:
+    """``{arm: {seed: cell_results}}`` of the complete cells."""
+    found: dict[str, dict[int, dict]] = {}
+    for arm, seed in grid.cells():
+        run = grid.run_dir(arm, seed)
+        if (run / COMPLETE).is_file():
+            found.setdefault(arm, {})[seed] = cell_results(run)
+    return found
+
+
+def _fmt(mean: float, half: float | None, se: float | None, signed: bool = False, digits: int = 3) -> str:
+    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return text + (f" ± {half:.{digits}f} ({se:.{digits}f})" if half is not None else "")
+
+
+def _at_seconds(cell: dict, metric: str, t: float) -> float | None:
+    points = sorted(cell["evals"].get(metric, {}).items())
+    xs = [cell["seconds"].get(step) for step, _ in points]
+    if any(x is None for x in xs):
+        return None
+    return interpolate(xs, [v for _, v in points], t)
+
+
+def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list[str]:
+    """Cells of one table row: each arm's mean ± CI (s.e.) [n], then each arm − reference paired by seed."""
+    out = []
+    for arm in arms:
+        v = list(values.get(arm, {}).values())
+        out.append(f"{_fmt(*mean_ci(v))} [{len(v)}]" if v else "—")
+    for arm in arms:
+        if arm == ref:
+            continue
+        common = sorted(set(values.get(arm, {})) & set(values.get(ref, {})))
+        d = [values[arm][s] - values[ref][s] for s in common]
+        out.append(f"{_fmt(*mean_ci(d), signed=True)} [{len(d)}]" if d else "—")
+    return out
+
+
+def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
+    arms, ref = list(grid.arms), grid.reference
+    head = arms + [f"{a} − {ref}" for a in arms if a != ref]
+    lines = [f"## Experiment `{grid.name}`", "",
+             f"Arms × seeds {grid.seeds}; held-out mean@k logged during training. Each cell: mean over seeds ± 95% CI "
+             "half-width (Student t, n − 1 df) (standard error) [seeds]; differences are paired by seed. A "
+             "difference whose interval contains 0 is inside the noise.", "",
+             "Per arm, means over its training steps (then over seeds): s/step, and what its rollouts did.", "",
+             "| arm | overrides | cells | s/step | " + " | ".join(TRAINING) + " |", "|---|---|---|---|" + "---|" * len(TRAINING)]
+    for arm in arms:
+        cells = results.get(arm, {})
+        times = [c["step_time"] for c in cells.values() if c["step_time"] is not None]
+        columns = [_fmt(*mean_ci(times), digits=1) if times else "—"]
+        for column in TRAINING:
+            values = [c["training"][column] for c in cells.values() if c["training"][column] is not None]
+            columns.append(_fmt(*mean_ci(values)) if values else "—")
+        overrides = ", ".join(f"{k}={v}" for k, v in grid.arms[arm].items()) or "(base)"
+        lines.append(f"| {arm} | {overrides} | {len(cells)}/{len(grid.seeds)} | " + " | ".join(columns) + " |")
+    metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
+    for metric in metrics:
+        steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
+        lines += ["", f"### {metric}, by step", "", "| step | " + " | ".join(head) + " |",
+                  "|---|" + "---|" * len(head)]
+        for step in steps:
+            values = {a: {s: c["evals"][metric][step] for s, c in results.get(a, {}).items()
+                          if step in c["evals"].get(metric, {})} for a in arms}
+            lines.append(f"| {step} | " + " | ".join(_row(arms, ref, values)) + " |")
+        ref_cells = results.get(ref, {})
+        marks = [s for s in steps if s > 0 and ref_cells and all(s in c["seconds"] for c in ref_cells.values())]
+        if not marks:
+            continue
+        lines += ["", f"### {metric}, at equal wall-clock (the reference's training time at its eval steps)", "",
+                  "| minutes | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        for step in marks:
+            t = sum(c["seconds"][step] for c in ref_cells.values()) / len(ref_cells)
+            values = {a: {s: v for s, c in results.get(a, {}).items()
+                          if (v := _at_seconds(c, metric, t)) is not None} for a in arms}
+            lines.append(f"| {t / 60:.1f} | " + " | ".join(_row(arms, ref, values)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, name: str, table: str) -> None:
+    """Put ``table`` between this grid's markers in ``path`` (appended the first time); the rest is kept."""
+    start, end = f"<!-- lanpo-experiment:{name} -->", f"<!-- /lanpo-experiment:{name} -->"
+    text = path.read_text() if path.is_file() else ""
+    block = f"{start}\n{table}{end}"
+    if start in text and end in text:
+        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + block + "\n"
+    path.write_text(text)
+
+
+def plot_results(grid: Grid, results: dict[str, dict[int, dict]], out: Path) -> Path | None:
+    """Per metric: mean ± 95% CI over seeds by step and by training minutes, one line per arm."""
+    metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
+    if not metrics:
+        return None
+    from .runlog import _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), squeeze=False)
+    for (ax_step, ax_time), metric in zip(axes, metrics):
+        for arm, cells in results.items():
+            steps = sorted({s for c in cells.values() for s in c["evals"].get(metric, {})})
+            stats = [(s, mean_ci([c["evals"][metric][s] for c in cells.values() if s in c["evals"].get(metric, {})]),
+                      [c["seconds"].get(s) for c in cells.values()]) for s in steps]
+            x = [s for s, _, _ in stats]
+            y = [m for _, (m, _, _), _ in stats]
+            half = [h or 0.0 for _, (_, h, _), _ in stats]
+            minutes = [sum(t for t in ts if t is not None) / max(1, sum(t is not None for t in ts)) / 60
+                       for _, _, ts in stats]
+            for ax, xs in ((ax_step, x), (ax_time, minutes)):
+                ax.plot(xs, y, "-o", markersize=3, label=arm)
+                ax.fill_between(xs, [a - b for a, b in zip(y, half)], [a + b for a, b in zip(y, half)], alpha=0.2)
+        ax_step.set(title=f"{metric} by step", xlabel="step")
+        ax_time.set(title=f"{metric} by training time", xlabel="minutes (mean over seeds)")
+        ax_step.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
