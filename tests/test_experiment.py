@@ -220,3 +220,28 @@ def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
                                 "train reward, feedback rows": 0.0, "truncated": 0.5}
     assert cell["step_time"] == 15.0 and cell["seconds"] == {0: 0.0, 1: 10.0, 2: 30.0}
     assert cell["evals"] == {"eval/arith/zero-shot/mean@4": {0: 0.25}}
+
+
+def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):
+    from lanpo.experiment import Grid
+    from lanpo.grid_results import results_table
+
+    metric = "eval/arith/zero-shot/mean@4"
+
+    def cell(evals, seconds):
+        return {"evals": {metric: evals}, "seconds": seconds, "step_time": 1.0,
+                "training": {"summary parse rate": None, "train reward, scratch rows": None,
+                             "train reward, feedback rows": None, "truncated": None}}
+
+    grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1], out=tmp_path, reference="grpo")
+    results = {"grpo": {0: cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),     # the faster seed: 10 min
+                        1: cell({0: 0.1, 10: 0.5}, {0: 0.0, 10: 900.0})},
+               "lanpo": {0: cell({0: 0.1, 10: 0.2}, {0: 0.0, 10: 1200.0}),
+                         1: cell({0: 0.1, 10: 0.4}, {0: 0.0, 10: 1200.0})}}
+    table = results_table(grid, results)
+    row = next(line for line in table.split("at equal wall-clock")[1].splitlines() if line.startswith("| 10.0 |"))
+    # at 10 min: grpo seed 0 at its step 10 (0.3), seed 1 two thirds of the way (0.1 + 0.4 * 600 / 900)
+    grpo, lanpo, diff = (c.strip() for c in row.strip("|").split("|")[1:4])
+    assert grpo.startswith(f"{(0.3 + 0.1 + 0.4 * 600 / 900) / 2:.3f}") and grpo.endswith("[2]")
+    assert lanpo.startswith(f"{(0.1 + 0.1 * 0.5 + 0.1 + 0.3 * 0.5) / 2:.3f}") and lanpo.endswith("[2]")
+    assert diff.endswith("[2]")
