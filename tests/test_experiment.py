@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from lanpo import experiment
 from lanpo.cli import main
-from lanpo.experiment import GridError, interpolate, load_grid, mean_ci
+from lanpo.experiment import GridError, load_grid
+from lanpo.grid_results import interpolate, mean_ci
 
 
 def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
@@ -222,26 +223,57 @@ def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
     assert cell["evals"] == {"eval/arith/zero-shot/mean@4": {0: 0.25}}
 
 
+WALL_METRIC = "eval/arith/zero-shot/mean@4"
+
+
+def _cell(evals, seconds):
+    from lanpo.grid_results import TRAINING
+
+    return {"evals": {WALL_METRIC: evals}, "seconds": seconds, "step_time": 1.0,
+            "training": dict.fromkeys(TRAINING)}
+
+
+def _wall_clock_rows(table: str) -> list[list[str]]:
+    lines = table.split("at equal wall-clock")[1].splitlines()
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")
+            and not line.startswith("| minutes")]
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.lists(st.floats(1.0, 500.0), min_size=3, max_size=3), min_size=1, max_size=4))
+def test_every_reference_seed_counts_at_every_wall_clock_mark(step_seconds):
+    """Whatever the seeds' speeds, each equal-wall-clock row has a value from every reference seed."""
+    from lanpo.experiment import Grid
+    from lanpo.grid_results import results_table
+
+    def cell(durations):
+        clock = [0.0]
+        for d in durations:
+            clock.append(clock[-1] + d)
+        return _cell({10 * i: 0.1 * i for i in range(4)}, {10 * i: t for i, t in enumerate(clock)})
+
+    seeds = list(range(len(step_seconds)))
+    grid = Grid(name="g", arms={"grpo": {}}, seeds=seeds, out=Path("unused"), reference="grpo")
+    table = results_table(grid, {"grpo": {s: cell(d) for s, d in zip(seeds, step_seconds)}})
+    rows = _wall_clock_rows(table)
+    assert len(rows) == 3  # steps 10, 20, 30
+    assert all(row[1].endswith(f"[{len(seeds)}]") for row in rows), rows
+
+
 def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):
     from lanpo.experiment import Grid
     from lanpo.grid_results import results_table
 
-    metric = "eval/arith/zero-shot/mean@4"
-
-    def cell(evals, seconds):
-        return {"evals": {metric: evals}, "seconds": seconds, "step_time": 1.0,
-                "training": {"summary parse rate": None, "train reward, scratch rows": None,
-                             "train reward, feedback rows": None, "truncated": None}}
-
+    cell = _cell
     grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1], out=tmp_path, reference="grpo")
     results = {"grpo": {0: cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),     # the faster seed: 10 min
                         1: cell({0: 0.1, 10: 0.5}, {0: 0.0, 10: 900.0})},
                "lanpo": {0: cell({0: 0.1, 10: 0.2}, {0: 0.0, 10: 1200.0}),
                          1: cell({0: 0.1, 10: 0.4}, {0: 0.0, 10: 1200.0})}}
     table = results_table(grid, results)
-    row = next(line for line in table.split("at equal wall-clock")[1].splitlines() if line.startswith("| 10.0 |"))
+    row = next(r for r in _wall_clock_rows(table) if r[0] == "10.0")
     # at 10 min: grpo seed 0 at its step 10 (0.3), seed 1 two thirds of the way (0.1 + 0.4 * 600 / 900)
-    grpo, lanpo, diff = (c.strip() for c in row.strip("|").split("|")[1:4])
+    grpo, lanpo, diff = row[1:4]
     assert grpo.startswith(f"{(0.3 + 0.1 + 0.4 * 600 / 900) / 2:.3f}") and grpo.endswith("[2]")
     assert lanpo.startswith(f"{(0.1 + 0.1 * 0.5 + 0.1 + 0.3 * 0.5) / 2:.3f}") and lanpo.endswith("[2]")
     assert diff.endswith("[2]")

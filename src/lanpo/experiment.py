@@ -18,9 +18,8 @@ skipped, an interrupted one resumes from its newest checkpoint, and a cell whose
 ran is refused; so a grid can be filled over several sittings, and re-running a finished one only rewrites the
 table. Every cell's config is validated before any cell runs. The table (``OUT/results.md``, optionally also a
 marked section of another file) compares the held-out ``eval/...mean@k`` that training logs every ``eval_every``
-steps: per arm the mean over seeds with its 95% confidence interval (Student t, n − 1 degrees of freedom) and
-standard error, and each arm's difference from the reference paired by seed, at equal steps and at equal
-wall-clock (training seconds, evaluation excluded, interpolated). ``OUT/results.png`` plots both.
+steps, over seeds, at equal steps and at equal wall-clock (statistics: :mod:`lanpo.grid_results`);
+``OUT/results.png`` plots both.
 """
 
 from __future__ import annotations
@@ -35,9 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from .grid_results import COMPLETE, collect, interpolate, mean_ci, plot_results, results_table, write_section
-
-__all__ = ["Grid", "GridError", "load_grid", "run_grid", "interpolate", "mean_ci"]
+from .grid_results import COMPLETE, collect, plot_results, results_table, write_section
 
 GRID_KEYS = {"name", "base", "settings", "seeds", "reference", "arms", "out"}
 

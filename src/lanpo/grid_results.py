@@ -2,7 +2,8 @@
 
 Statistics: per arm the mean over seeds with its 95% confidence interval (Student t, n − 1 degrees of freedom)
 and standard error; each arm's difference from the reference paired by seed, at equal steps and at equal
-wall-clock (training seconds, evaluation excluded, interpolated). ``grid`` is a :class:`lanpo.experiment.Grid`.
+wall-clock (training seconds, evaluation excluded, interpolated; at each eval step, the training time of the
+reference's fastest seed, so that every reference seed has a value there). ``grid`` is a :class:`lanpo.experiment.Grid`.
 """
 
 from __future__ import annotations
@@ -71,26 +72,24 @@ TRAINING = {"summary parse rate": "summaries/parse_rate", "train reward, scratch
 def cell_results(run: Path) -> dict:
     """One finished cell: eval series by step, training seconds by step, mean step time, and the means over its
     training steps of the ``TRAINING`` metrics."""
-    from .runlog import read_metrics
+    from .runlog import read_metrics, series
 
     rows = read_metrics(run)
     evals: dict[str, dict[int, float]] = {}
-    seconds, clock = {0: 0.0}, 0.0
-    steps = []
+    seconds, clock, timed = {0: 0.0}, 0.0, 0
     for row in rows:
         if row.get("step_time") is not None:
             clock += float(row["step_time"])
             seconds[int(row["step"])] = clock
-            steps.append(float(row["step_time"]))
+            timed += 1
         for key, value in row.items():
             if MEAN_AT_K.match(key) and value is not None:
                 evals.setdefault(key, {})[int(row["step"])] = float(value)  # a resumed run's repeat: the last
     training = {}
     for column, key in TRAINING.items():
-        values = [float(r[key]) for r in rows if r.get(key) is not None]
+        _, values = series(rows, key)
         training[column] = sum(values) / len(values) if values else None
-    return {"evals": evals, "seconds": seconds, "step_time": sum(steps) / len(steps) if steps else None,
-            "training": training}
+    return {"evals": evals, "seconds": seconds, "step_time": clock / timed if timed else None, "training": training}
 
 
 def collect(grid: Grid) -> dict[str, dict[int, dict]]:
