@@ -20,17 +20,17 @@ import torch
 
 from lanpo.data import load_problems
 from lanpo.generation import HFGenerator, generate
-from lanpo.models import load_model
+from lanpo.models import EMBEDDED_MODELS, load_model
 from lanpo.prompts import solve_messages
 from lanpo.rewards import MathVerifier
 from lanpo.summarize import Trial, summarize_trials
 
 
-def make_trials(model, tokenizer, problems, seed: int) -> list[Trial]:
+def make_trials(model, tokenizer, problems, seed: int, extraction: str) -> list[Trial]:
     torch.manual_seed(seed)
     samples = generate(model, tokenizer, [solve_messages(p.problem) for p in problems], n=1, temperature=0.7,
                        max_new_tokens=96)
-    with MathVerifier() as verifier:
+    with MathVerifier(extraction=extraction) as verifier:
         scores = verifier.score_texts([p.answer for p in problems], [s[0].text for s in samples])
     return [Trial(p.id, p.problem, s[0].text, bool(sc), gold=p.answer) for p, s, sc in zip(problems, samples, scores)]
 
@@ -53,10 +53,13 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=48)
     parser.add_argument("--samples", type=int, default=2, help="summaries per trial")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extraction", choices=["strict", "lenient"],
+                        help="how the trials are graded (default: lenient for the embedded model, as lanpo train)")
     args = parser.parse_args()
+    args.extraction = args.extraction or ("lenient" if args.base in EMBEDDED_MODELS else "strict")
     problems = load_problems(args.data, split="test", limit=args.problems)
     base, tokenizer = load_model(args.base)
-    trials = make_trials(base, tokenizer, problems, args.seed)
+    trials = make_trials(base, tokenizer, problems, args.seed, args.extraction)
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "settings": vars(args),
               "trials": len(trials), "trials_judged_correct": sum(t.correct for t in trials),
               "before_sft": parse_rate(base, tokenizer, trials, args.samples, args.seed)}

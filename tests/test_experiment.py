@@ -160,9 +160,11 @@ def test_shipped_grids_load_and_their_cells_parse(tmp_path):
                 assert config.feedback_ratio == 0 and config.summaries_per_group == 0, path
 
 
-def test_the_gpu_grid_is_the_embedded_grid_on_another_device():
-    """embedded-gpu.yaml repeats embedded.yaml's settings and arms: they must not drift apart."""
-    cpu, gpu = load_grid("configs/experiments/embedded.yaml"), load_grid("configs/experiments/embedded-gpu.yaml")
+@pytest.mark.parametrize("name", ["embedded", "embedded-sft"])
+def test_the_gpu_grid_is_the_embedded_grid_on_another_device(name):
+    """NAME-gpu.yaml repeats NAME.yaml's settings and arms: they must not drift apart."""
+    cpu = load_grid(f"configs/experiments/{name}.yaml")
+    gpu = load_grid(f"configs/experiments/{name}-gpu.yaml")
     device = {"use_cpu", "bf16"}
     assert gpu.arms == cpu.arms and gpu.seeds == cpu.seeds and gpu.reference == cpu.reference
     assert gpu.base == cpu.base
