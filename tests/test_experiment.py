@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lanpo import experiment
 from lanpo.cli import main
 from lanpo.experiment import GridError, load_grid
-from lanpo.grid_results import interpolate, mean_ci
+from lanpo.grid_results import interpolate, mean_ci, prediction_interval
 
 
 def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
@@ -145,6 +145,40 @@ def test_mean_ci_matches_student_t():
     assert mean == pytest.approx(0.2) and se == pytest.approx(0.1 / math.sqrt(3))
     assert half == pytest.approx(4.303 * se)
     assert mean_ci([0.5]) == (0.5, None, None)
+
+
+def test_prediction_interval_is_for_one_more_draw():
+    low, high = prediction_interval([0.1, 0.2, 0.3])
+    assert (low + high) / 2 == pytest.approx(0.2)
+    assert (high - low) / 2 == pytest.approx(4.303 * 0.1 * math.sqrt(1 + 1 / 3))
+    assert prediction_interval([0.5]) is None
+
+
+def test_prediction_interval_covers_a_new_seed_95_percent_of_the_time():
+    """Three seeds, then a fourth from the same distribution: the prediction interval holds it about 95% of the
+    time; the CI of the mean (the range for the mean, not for one run) far less often."""
+    import random
+
+    rng = random.Random(0)
+    trials, in_pi, in_ci = 4000, 0, 0
+    for _ in range(trials):
+        seeds = [rng.gauss(0.4, 0.05) for _ in range(3)]
+        new = rng.gauss(0.4, 0.05)
+        low, high = prediction_interval(seeds)
+        mean, half, _ = mean_ci(seeds)
+        in_pi += low <= new <= high
+        in_ci += abs(new - mean) <= half
+    assert 0.93 <= in_pi / trials <= 0.97
+    assert in_ci / trials < 0.85
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(-1, 1), min_size=2, max_size=12))
+def test_prediction_interval_is_the_ci_widened_by_root_n_plus_one(values):
+    mean, half, _ = mean_ci(values)
+    low, high = prediction_interval(values)
+    assert low <= mean <= high
+    assert (high - low) / 2 == pytest.approx(half * math.sqrt(len(values) + 1), abs=1e-9)
 
 
 @settings(max_examples=200, deadline=None)
@@ -284,6 +318,25 @@ def test_every_reference_seed_counts_at_every_wall_clock_mark(step_seconds):
     rows = _wall_clock_rows(table)
     assert len(rows) == 3  # steps 10, 20, 30
     assert all(row[1].endswith(f"[{len(seeds)}]") for row in rows), rows
+
+
+def test_table_gives_where_one_more_seed_should_land(tmp_path):
+    from lanpo.experiment import Grid
+    from lanpo.grid_results import results_table
+
+    grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1, 2], out=tmp_path, reference="grpo")
+    finals = {0: 0.4, 1: 0.5, 2: 0.6}
+    results = {"grpo": {s: _cell({0: 0.1, 10: v}, {0: 0.0, 10: 60.0}) for s, v in finals.items()},
+               "lanpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 90.0})}}  # one seed: no interval
+    table = results_table(grid, results)
+    section = table.split("where one more seed's run should land")[1].split("###")[0]
+    rows = {r[0]: r[1:] for r in ([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+                                  if line.startswith("| ") and not line.startswith("| step"))}
+    low, high = prediction_interval(list(finals.values()))
+    assert rows["10"] == [f"{low:.3f} – {high:.3f} [3]"]
+    assert "| step | grpo |" in section.splitlines()  # lanpo, with one seed, has no column
+    wide = results_table(grid, {"grpo": {s: _cell({10: v}, {0: 0.0, 10: 60.0}) for s, v in {0: 0.0, 1: 1.0}.items()}})
+    assert "| 10 | 0.000 – 1.000 [2] |" in wide  # mean@k is a share: the interval stays inside [0, 1]
 
 
 def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):

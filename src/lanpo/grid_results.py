@@ -1,7 +1,8 @@
 """The results of a ``lanpo experiment`` grid: per-cell series, statistics over seeds, the table and the plot.
 
 Statistics: per arm the mean over seeds with its 95% confidence interval (Student t, n − 1 degrees of freedom)
-and standard error; each arm's difference from the reference paired by seed, at equal steps and at equal
+and standard error, and the 95% prediction interval for one more seed's run (what a re-run of one cell is
+expected to land in: the confidence interval is for the mean, and is √(n + 1) times narrower); each arm's difference from the reference paired by seed, at equal steps and at equal
 wall-clock (training seconds, evaluation excluded, interpolated; at each eval step, the training time of the
 reference's fastest seed, so that every reference seed has a value there). ``grid`` is a :class:`lanpo.experiment.Grid`.
 """
@@ -48,6 +49,18 @@ def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:
         return mean, None, None
     se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
     return mean, t975(n - 1) * se, se
+
+
+def prediction_interval(values: list[float]) -> tuple[float, float] | None:
+    """``(low, high)``: where one more draw from the distribution of ``values`` lands with 95% probability
+    (Student t, n − 1 df: mean ± t · s · √(1 + 1/n)); ``None`` from fewer than two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t975(n - 1) * s * math.sqrt(1 + 1 / n)
+    return mean - half, mean + half
 
 
 def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
@@ -153,10 +166,22 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
         steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
         lines += ["", f"### {metric}, by step", "", "| step | " + " | ".join(head) + " |",
                   "|---|" + "---|" * len(head)]
+        by_step = {step: {a: {s: c["evals"][metric][step] for s, c in results.get(a, {}).items()
+                              if step in c["evals"].get(metric, {})} for a in arms} for step in steps}
         for step in steps:
-            values = {a: {s: c["evals"][metric][step] for s, c in results.get(a, {}).items()
-                          if step in c["evals"].get(metric, {})} for a in arms}
-            lines.append(f"| {step} | " + " | ".join(_row(arms, ref, values)) + " |")
+            lines.append(f"| {step} | " + " | ".join(_row(arms, ref, by_step[step])) + " |")
+        spread = [a for a in arms if any(len(by_step[s][a]) >= 2 for s in steps)]
+        if spread:
+            lines += ["", f"### {metric}, by step: where one more seed's run should land (95% prediction interval, "
+                      "mean ± t · s · √(1 + 1/n), within [0, 1]; this, not the CI of the mean, is the range for a "
+                      "re-run of one cell)", "", "| step | " + " | ".join(spread) + " |", "|---|" + "---|" * len(spread)]
+            for step in steps:
+                cells = []
+                for arm in spread:
+                    v = list(by_step[step][arm].values())
+                    pi = prediction_interval(v)
+                    cells.append(f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(v)}]" if pi else "—")
+                lines.append(f"| {step} | " + " | ".join(cells) + " |")
         ref_cells = results.get(ref, {})
         marks = [s for s in steps if s > 0 and ref_cells and all(s in c["seconds"] for c in ref_cells.values())]
         if not marks:
