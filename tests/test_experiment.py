@@ -272,12 +272,12 @@ def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
 
     rows = [{"step": 0, "eval/arith/zero-shot/mean@4": 0.25},
             {"step": 1, "step_time": 10.0, "reward/scratch/mean": 0.5, "reward/feedback/mean": 0.0,
-             "completions/clipped_ratio": 0.25},
+             "completions/clipped_ratio": 0.25, "lanpo/feedback_share": 0.75},
             {"step": 2, "step_time": 20.0, "reward/scratch/mean": 1.0, "completions/clipped_ratio": 0.75,
-             "summaries/parse_rate": 0.5}]
+             "summaries/parse_rate": 0.5, "lanpo/feedback_share": 0.25}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cell = cell_results(tmp_path)
-    assert cell["training"] == {"summary parse rate": 0.5, "train reward, scratch rows": 0.75,
+    assert cell["training"] == {"feedback share (realized p_t)": 0.5, "summary parse rate": 0.5, "train reward, scratch rows": 0.75,
                                 "train reward, feedback rows": 0.0, "truncated": 0.5}
     assert cell["step_time"] == 15.0 and cell["seconds"] == {0: 0.0, 1: 10.0, 2: 30.0}
     assert cell["evals"] == {"eval/arith/zero-shot/mean@4": {0: 0.25}}

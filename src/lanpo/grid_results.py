@@ -78,8 +78,10 @@ def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
 
 
 # training diagnostics in the arms' table: column -> metric averaged over a cell's training steps
-TRAINING = {"summary parse rate": "summaries/parse_rate", "train reward, scratch rows": "reward/scratch/mean",
-            "train reward, feedback rows": "reward/feedback/mean", "truncated": "completions/clipped_ratio"}
+# (the realized p_t: rows that found no attempt or no relevant entry fall back to the plain prompt)
+TRAINING = {"feedback share (realized p_t)": "lanpo/feedback_share", "summary parse rate": "summaries/parse_rate",
+            "train reward, scratch rows": "reward/scratch/mean", "train reward, feedback rows": "reward/feedback/mean",
+            "truncated": "completions/clipped_ratio"}
 
 
 def cell_results(run: Path) -> dict:
