@@ -161,6 +161,31 @@ def test_invalid_config_fails_before_any_model_loads(tmp_path, field, value, mes
         LanpoConfig(**{**common(tmp_path), field: value})
 
 
+@pytest.mark.parametrize("ratio, share, source, warned", [
+    (1.0, 0.5, "auto", True), (1.0, 0.5, "step", True), (1.0, 0.5, "pool", False),  # pool: stored attempts only
+    (1.0, 0.0, "auto", False),  # abstraction only: nothing to reflect on is needed
+    (0.75, 0.5, "auto", False), (0.95, 0.5, "auto", True),  # 0.95 of 8 rounds to 8: no scratch row either
+])
+def test_warns_when_reflection_rows_have_no_scratch_rows_to_reflect_on(tmp_path, caplog, ratio, share, source,
+                                                                      warned):
+    """p_t = 1.0: a new problem's reflection rows fall back to the plain prompt; the user is told before the run
+    that the realized p_t stays below the planned one until the pool holds attempts."""
+    with caplog.at_level("WARNING", logger="lanpo.config"):
+        LanpoConfig(**common(tmp_path, num_generations=8, per_device_train_batch_size=8), feedback_ratio=ratio,
+                    reflection_share=share, reflection_source=source)
+    assert any("nothing of its own to reflect on" in r.getMessage() for r in caplog.records) is warned
+
+
+def test_at_p_t_one_new_problems_reflection_rows_fall_back(tiny_model_dir, tmp_path):
+    """What the warning says: with no scratch row and no stored attempt, the reflection half of each group gets
+    the plain prompt (counted as no_attempt), so the realized p_t is the abstraction half at most."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=1.0, reflection_share=0.5, max_steps=1,
+                           num_generations=4, per_device_train_batch_size=8)
+    trainer.train()
+    assert history(trainer, "lanpo/fallback/no_attempt") == [0.5]  # 2 of 4 rows per group, both groups new
+    assert history(trainer, "lanpo/feedback_share")[0] <= 0.5
+
+
 def test_feedback_schedule_and_group_plan(tmp_path):
     config = LanpoConfig(**common(tmp_path, num_generations=8, per_device_train_batch_size=8), feedback_ratio=0.75,
                          feedback_schedule="linear", feedback_warmup_steps=4, reflection_share=0.5)

@@ -6,12 +6,15 @@ maps one-to-one onto them. Validation runs in ``__post_init__``, before any mode
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
 from trl import GRPOConfig
 
 from .rollout import plan_group
+
+logger = logging.getLogger(__name__)
 
 # Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
 Schedule = Literal["constant", "linear"]
@@ -138,6 +141,14 @@ class LanpoConfig(GRPOConfig):
         if self.summaries_per_group > self.num_generations:
             raise ValueError(f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
                              f"({self.num_generations}).")
+        scratch, reflection, _ = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
+        if scratch == 0 and reflection and self.reflection_source != "pool":
+            logger.warning(
+                "feedback_ratio %s leaves no scratch rollouts in a group of %d: a problem with no stored attempts "
+                "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt. "
+                "Until every problem has attempts in the pool (after the first epoch) the realized p_t "
+                "(lanpo/feedback_share) stays below %s.", self.feedback_ratio, self.num_generations, reflection,
+                self.feedback_ratio)
 
     def _check_lanpo_fields(self) -> None:
         def unit(name: str) -> None:
