@@ -254,6 +254,7 @@ def choose_trials(rows: list[Row], rewards: Sequence[float], correct: Sequence[b
 
 
 def attempts_to_store(rows: list[Row], step: int) -> list[Attempt]:
-    """Scratch rollouts become stored attempts (text only, no grade) for later reflection."""
+    """Rollouts from the plain prompt become stored attempts (text only, no grade) for later reflection: scratch
+    rows, and feedback rows that fell back to the plain prompt (at p_t 1.0 the only attempts a problem gets)."""
     return [Attempt(r.problem_id, r.problem, clip(r.text), step=step)
-            for r in rows if r.kind == "scratch" and not r.has_feedback and r.text.strip()]
+            for r in rows if not r.has_feedback and r.text.strip()]
