@@ -294,10 +294,15 @@ def _cell(evals, seconds):
             "training": dict.fromkeys(TRAINING)}
 
 
-def _wall_clock_rows(table: str) -> list[list[str]]:
-    lines = table.split("at equal wall-clock")[1].splitlines()
+def _section_rows(table: str, title: str, first_column: str) -> list[list[str]]:
+    """The cells of the data rows of the table under the heading that contains ``title``."""
+    lines = table.split(title)[1].split("###")[0].splitlines()
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")
-            and not line.startswith("| minutes")]
+            and not line.startswith(f"| {first_column}")]
+
+
+def _wall_clock_rows(table: str) -> list[list[str]]:
+    return _section_rows(table, "at equal wall-clock", "minutes")
 
 
 @settings(max_examples=50, deadline=None)
@@ -330,9 +335,9 @@ def test_table_gives_where_one_more_seed_should_land(tmp_path):
     results = {"grpo": {s: _cell({0: 0.1, 10: v}, {0: 0.0, 10: 60.0}) for s, v in finals.items()},
                "lanpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 90.0})}}  # one seed: no interval
     table = results_table(grid, results)
-    section = table.split("where one more seed's run should land")[1].split("###")[0]
-    rows = {r[0]: r[1:] for r in ([c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
-                                  if line.startswith("| ") and not line.startswith("| step"))}
+    title = "where one more seed's run should land"
+    section = table.split(title)[1].split("###")[0]
+    rows = {r[0]: r[1:] for r in _section_rows(table, title, "step")}
     low, high = prediction_interval(list(finals.values()))
     assert rows["10"] == [f"{low:.3f} – {high:.3f} [3]"]
     assert "| step | grpo |" in section.splitlines()  # lanpo, with one seed, has no column

@@ -143,12 +143,14 @@ class LanpoConfig(GRPOConfig):
                              f"({self.num_generations}).")
         scratch, reflection, _ = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
         if scratch == 0 and reflection and self.reflection_source != "pool":
+            until = ("in every step: reflection_source step reflects only on this step's scratch rollouts"
+                     if self.reflection_source == "step" else
+                     "until every problem has attempts in the pool (after the first epoch)")
             logger.warning(
                 "feedback_ratio %s leaves no scratch rollouts in a group of %d: a problem with no stored attempts "
-                "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt. "
-                "Until every problem has attempts in the pool (after the first epoch) the realized p_t "
-                "(lanpo/feedback_share) stays below %s.", self.feedback_ratio, self.num_generations, reflection,
-                self.feedback_ratio)
+                "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt, and "
+                "the realized p_t (lanpo/feedback_share) stays below %s %s.", self.feedback_ratio,
+                self.num_generations, reflection, self.feedback_ratio, until)
 
     def _check_lanpo_fields(self) -> None:
         def unit(name: str) -> None:

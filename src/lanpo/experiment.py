@@ -86,12 +86,12 @@ def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         spec["base"] = str((path.parent / str(spec["base"])).resolve())
     if not spec.get("extends"):
         return spec
-    parent = (path.parent / str(spec.pop("extends"))).resolve()
-    if parent in seen or parent == path.resolve():
+    parent, seen = (path.parent / str(spec.pop("extends"))).resolve(), (*seen, path.resolve())
+    if parent in seen:
         raise GridError(f"{path}: extends {parent}, which extends it back.")
     if not parent.is_file():
         raise GridError(f"{path}: the grid it extends, {parent}, does not exist.")
-    inherited = {k: v for k, v in _read_spec(parent, (*seen, path.resolve())).items() if k not in {"name", "out"}}
+    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out"}}
     settings = {**(inherited.get("settings") or {}), **(spec.get("settings") or {})}
     return {**inherited, **spec, "settings": settings}
 

@@ -2,9 +2,10 @@
 
 Statistics: per arm the mean over seeds with its 95% confidence interval (Student t, n − 1 degrees of freedom)
 and standard error, and the 95% prediction interval for one more seed's run (what a re-run of one cell is
-expected to land in: the confidence interval is for the mean, and is √(n + 1) times narrower); each arm's difference from the reference paired by seed, at equal steps and at equal
-wall-clock (training seconds, evaluation excluded, interpolated; at each eval step, the training time of the
-reference's fastest seed, so that every reference seed has a value there). ``grid`` is a :class:`lanpo.experiment.Grid`.
+expected to land in: the confidence interval is for the mean, and is √(n + 1) times narrower); each arm's
+difference from the reference paired by seed, at equal steps and at equal wall-clock (training seconds,
+evaluation excluded, interpolated; at each eval step, the training time of the reference's fastest seed, so that
+every reference seed has a value there). ``grid`` is a :class:`lanpo.experiment.Grid`.
 """
 
 from __future__ import annotations
@@ -53,13 +54,12 @@ def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:
 
 def prediction_interval(values: list[float]) -> tuple[float, float] | None:
     """``(low, high)``: where one more draw from the distribution of ``values`` lands with 95% probability
-    (Student t, n − 1 df: mean ± t · s · √(1 + 1/n)); ``None`` from fewer than two values."""
-    n = len(values)
-    if n < 2:
+    (Student t, n − 1 df: mean ± t · s · √(1 + 1/n), the CI's half-width times √(n + 1)); ``None`` from fewer
+    than two values."""
+    mean, half, _ = mean_ci(values)
+    if half is None:
         return None
-    mean = sum(values) / n
-    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t975(n - 1) * s * math.sqrt(1 + 1 / n)
+    half *= math.sqrt(len(values) + 1)
     return mean - half, mean + half
 
 
@@ -145,6 +145,24 @@ def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list
     return out
 
 
+def _pi_cell(values: list[float]) -> str:
+    pi = prediction_interval(values)  # mean@k is a share: kept within [0, 1]
+    return f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(values)}]" if pi else "—"
+
+
+def _prediction_section(metric: str, arms: list[str], by_step: dict[int, dict[str, dict[int, float]]]) -> list[str]:
+    """Lines of the table of where one more seed's run should land, for the arms with two seeds or more."""
+    spread = [a for a in arms if any(len(values[a]) >= 2 for values in by_step.values())]
+    if not spread:
+        return []
+    lines = ["", f"### {metric}, by step: where one more seed's run should land (95% prediction interval, "
+             "mean ± t · s · √(1 + 1/n), within [0, 1]; this, not the CI of the mean, is the range for a re-run of "
+             "one cell)", "", "| step | " + " | ".join(spread) + " |", "|---|" + "---|" * len(spread)]
+    for step, values in by_step.items():
+        lines.append(f"| {step} | " + " | ".join(_pi_cell(list(values[a].values())) for a in spread) + " |")
+    return lines
+
+
 def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     arms, ref = list(grid.arms), grid.reference
     head = arms + [f"{a} − {ref}" for a in arms if a != ref]
@@ -172,18 +190,7 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
                               if step in c["evals"].get(metric, {})} for a in arms} for step in steps}
         for step in steps:
             lines.append(f"| {step} | " + " | ".join(_row(arms, ref, by_step[step])) + " |")
-        spread = [a for a in arms if any(len(by_step[s][a]) >= 2 for s in steps)]
-        if spread:
-            lines += ["", f"### {metric}, by step: where one more seed's run should land (95% prediction interval, "
-                      "mean ± t · s · √(1 + 1/n), within [0, 1]; this, not the CI of the mean, is the range for a "
-                      "re-run of one cell)", "", "| step | " + " | ".join(spread) + " |", "|---|" + "---|" * len(spread)]
-            for step in steps:
-                cells = []
-                for arm in spread:
-                    v = list(by_step[step][arm].values())
-                    pi = prediction_interval(v)
-                    cells.append(f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(v)}]" if pi else "—")
-                lines.append(f"| {step} | " + " | ".join(cells) + " |")
+        lines += _prediction_section(metric, arms, by_step)
         ref_cells = results.get(ref, {})
         marks = [s for s in steps if s > 0 and ref_cells and all(s in c["seconds"] for c in ref_cells.values())]
         if not marks:
