@@ -186,6 +186,29 @@ def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending
     assert steps_logged(run) == steps_logged(reference)
 
 
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_finished_train_destroys_its_process_group_and_a_failed_one_leaves_it(tmp_path, monkeypatch, fails):
+    """A process that exits with its gloo group alive can abort in shutdown and fail a finished multi-process run;
+    after an error no barrier may wait for processes that will never come."""
+    import torch.distributed as dist
+
+    import lanpo.train
+
+    def run(argv):
+        if fails:
+            raise ValueError("bad row")
+        return tmp_path
+
+    monkeypatch.setattr(lanpo.train, "run", run)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        assert main(["train", "--output_dir", str(tmp_path)]) == (2 if fails else 0)
+        assert dist.is_initialized() == fails
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")),
                          ids=lambda p: p.name)
 def test_every_shipped_config_trains_one_step_on_a_tiny_model(config, tiny_model_dir, tmp_path):

@@ -317,6 +317,7 @@ def cmd_train(args) -> int:
         print(train_help())
     else:
         run(_model_alias(rest))
+        end_distributed()
     return 0
 
 
@@ -324,7 +325,20 @@ def cmd_sft(args) -> int:
     from .sft import run_sft
 
     run_sft(_model_alias(getattr(args, "rest", [])))
+    end_distributed()
     return 0
+
+
+def end_distributed() -> None:
+    """After a run that ended well under ``accelerate launch``: every process waits for the others, then the
+    process group is destroyed. A process that exits with its (gloo) group alive can abort in interpreter
+    shutdown (SIGABRT, "terminate called without an active exception") and fail a finished run. Not after an
+    error: a barrier there would wait for processes that may never come."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def _sft_data_parser(sub) -> None:
