@@ -330,10 +330,8 @@ def cmd_sft(args) -> int:
 
 
 def end_distributed() -> None:
-    """After a run that ended well under ``accelerate launch``: every process waits for the others, then the
-    process group is destroyed. A process that exits with its (gloo) group alive can abort in interpreter
-    shutdown (SIGABRT, "terminate called without an active exception") and fail a finished run. Not after an
-    error: a barrier there would wait for processes that may never come."""
+    """After a run that went well (never after an error: its barrier could wait forever), destroy the process
+    group: a gloo process that exits with it alive can abort in shutdown (SIGABRT) and fail a finished run."""
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
