@@ -65,6 +65,12 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     before = docs.read_text()
     assert main(["experiment", str(grid_file), "--results-md", str(docs)]) == 0
     assert (out / "results.md").read_text() == table and docs.read_text() == before
+    # the differences against another arm: a table choice, no cell runs
+    assert main(["experiment", str(grid_file), "--table-only", "--reference", "lanpo"]) == 0
+    other = (out / "results.md").read_text()
+    assert "grpo − lanpo" in other and "lanpo − grpo" not in other and "lanpo − grpo" in table
+    assert main(["experiment", str(grid_file), "--table-only", "--reference", "nope"]) == 2
+    assert main(["experiment", str(grid_file), "--table-only"]) == 0 and (out / "results.md").read_text() == table
 
     # an interrupted cell (no completion mark, its last checkpoint gone) resumes from its newest checkpoint
     monkeypatch.undo()

@@ -33,7 +33,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -271,6 +271,8 @@ def add_parser(sub, new_path) -> None:
                         "output then goes to OUT/ARM/seed-S.log, and each gets cores/N torch threads unless "
                         "OMP_NUM_THREADS is set). Cells sharing a machine slow each other, so the wall-clock "
                         "columns then measure contention too")
+    p.add_argument("--reference", metavar="ARM", help="take the table's differences against this arm (default: the "
+                   "grid's reference); only the table changes, no cell")
     p.add_argument("--results-md", type=new_path("file"),
                    help="also put the table into this markdown file, between the grid's markers")
     p.set_defaults(func=command)
@@ -283,6 +285,10 @@ def command(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError as error:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
+    if args.reference:
+        if args.reference not in grid.arms:
+            raise GridError(f"--reference {args.reference}: not an arm of {grid.name} ({', '.join(grid.arms)}).")
+        grid = replace(grid, reference=args.reference)
     code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs)
     print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
     return code
