@@ -33,7 +33,7 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -96,7 +96,7 @@ def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     return {**inherited, **spec, "settings": settings}
 
 
-def load_grid(path: str | Path) -> Grid:
+def load_grid(path: str | Path, reference: str | None = None) -> Grid:
     path = Path(path)
     spec = _read_spec(path)
     arms = spec.get("arms")
@@ -118,7 +118,7 @@ def load_grid(path: str | Path) -> Grid:
         if not base_path.is_file():
             raise GridError(f"{path}: base config {base_path} does not exist.")
         base = yaml.safe_load(base_path.read_text()) or {}
-    reference = str(spec.get("reference") or next(iter(arms)))
+    reference = str(reference or spec.get("reference") or next(iter(arms)))  # the argument: --reference
     if reference not in arms:
         raise GridError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)}).")
     name = str(spec.get("name") or path.stem)
@@ -279,16 +279,12 @@ def add_parser(sub, new_path) -> None:
 
 
 def command(args) -> int:
-    grid = load_grid(args.grid)
+    grid = load_grid(args.grid, args.reference)
     arms = [a.strip() for a in args.only.split(",")] if args.only else None
     try:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError as error:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
-    if args.reference:
-        if args.reference not in grid.arms:
-            raise GridError(f"--reference {args.reference}: not an arm of {grid.name} ({', '.join(grid.arms)}).")
-        grid = replace(grid, reference=args.reference)
     code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs)
     print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
     return code
