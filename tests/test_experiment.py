@@ -41,6 +41,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     grid_file = tiny_grid(tmp_path, tiny_model_dir)
     docs = tmp_path / "results-doc.md"
     docs.write_text("# Results\n\nkept text\n")
+    monkeypatch.setattr(experiment, "drop_checkpoints", lambda run: None)  # kept, to fake an interruption below
     assert main(["experiment", str(grid_file), "--results-md", str(docs)]) == 0
     out = tmp_path / "out"
     table = (out / "results.md").read_text()
@@ -83,7 +84,10 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     monkeypatch.setattr(experiment, "run_cell", lambda *a: calls.append(a[1:]) or real(*a))
     assert main(["experiment", str(grid_file)]) == 0
     assert calls == [("lanpo", 1, "resume", None, 1)]  # None: its output to the terminal (one job)
-    assert (run / "cell.json").is_file() and (run / "checkpoint-2").is_dir()
+    # complete, it drops its checkpoints (1-2 GB each in real runs) and keeps its final model and pool
+    assert (run / "cell.json").is_file() and not list(run.glob("checkpoint-*"))
+    assert (run / "final" / "config.json").is_file() and (run / "pool.sqlite").is_file()
+    assert (out / "grpo" / "seed-0" / "checkpoint-2").is_dir()  # the cells that did not run now: untouched
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert 1 in steps and 2 in steps  # step 1's rows kept from before the interruption, step 2 rerun
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -190,7 +191,15 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
     if code == 0:
         (run / COMPLETE).write_text(json.dumps({"arm": arm, "seed": seed,
                                                 "config": config_hash(grid.config(arm, seed))}) + "\n")
+        drop_checkpoints(run)
     return code == 0
+
+
+def drop_checkpoints(run: Path) -> None:
+    """A complete cell never resumes again: its checkpoints go (1-2 GB each with the optimizer state; a grid's
+    filled the disk), its ``final`` model, pool and metrics stay."""
+    for checkpoint in run.glob("checkpoint-*"):
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
 
 def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None = None,
