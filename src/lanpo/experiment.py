@@ -197,9 +197,15 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
 
 def drop_checkpoints(run: Path) -> None:
     """A complete cell never resumes again: its checkpoints go (1-2 GB each with the optimizer state; a grid's
-    filled the disk), its ``final`` model, pool and metrics stay."""
-    for checkpoint in run.glob("checkpoint-*"):
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    filled the disk), its ``final`` model, pool and metrics stay. One that cannot go is named, not skipped."""
+    from . import checkpoints  # here, as cell_state's import: loading the grid stays free of torch
+
+    checkpoints.discard_staging(run)
+    for checkpoint in checkpoints.checkpoints(run):
+        try:
+            shutil.rmtree(checkpoint)
+        except OSError as error:
+            print(f"warning: {checkpoint} (no longer needed) could not be removed: {error}", file=sys.stderr)
 
 
 def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None = None,
