@@ -3,14 +3,21 @@ complete or absent, a kill loses and repeats nothing, and every process agrees."
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import sqlite3
 import subprocess
 import sys
+import tempfile
+from collections import namedtuple
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lanpo.cli import main
 
@@ -248,3 +255,76 @@ def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_
     assert base.keys() == final.keys() and all(base[k].shape == final[k].shape for k in base)
     assert sum(float((base[k] - final[k]).abs().sum()) for k in base) > 0  # trained, and saved whole
     assert all(torch.isfinite(v).all() for v in final.values())
+
+
+Usage = namedtuple("Usage", "total used free")
+
+
+def test_a_checkpoint_save_on_a_full_disk_names_it_removes_the_half_save_and_resumes(tiny_model_dir, tmp_path,
+                                                                                    monkeypatch, capsys):
+    import torch
+
+    run, save = tmp_path / "run", torch.save
+
+    def full_at_step_2(obj, f, *args, **kwargs):  # what torch says when the disk fills mid-save
+        if "checkpoint-2" in str(f):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1216 vs 1110")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", full_at_step_2)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: Usage(10**12, 10**12 - 10**6, 10**6))
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=3)]) == 2
+    err = capsys.readouterr().err
+    assert "Saving checkpoint-2" in err and "The disk is full: 0.0 GB free" in err and "unexpected pos" in err
+    assert f"Resume from checkpoint-1 with: lanpo train --resume latest --output_dir {run}" in err
+    assert (run / "checkpoint-1").is_dir() and not (run / "checkpoint-2").exists() and not (run / ".staging").exists()
+    monkeypatch.undo()
+    assert main(["train", "--output_dir", str(run), "--resume", "latest"]) == 0
+    assert max(steps_logged(run)) == 3 and (run / "final").is_dir()
+
+
+ERRORS = st.one_of(
+    st.builds(lambda n, text: OSError(n, text), st.sampled_from([errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS]),
+              st.text(max_size=30)),
+    st.builds(RuntimeError, st.sampled_from(["[enforce fail at inline_container.cc:672] . unexpected pos 12 vs 10",
+                                             "PytorchStreamWriter failed writing file data/3: file write failed",
+                                             "CUDA error: device-side assert"])),
+    st.builds(sqlite3.OperationalError, st.sampled_from(["database or disk is full", "disk I/O error"])))
+
+
+@given(error=ERRORS, free=st.integers(0, 10**13), last_bytes=st.one_of(st.none(), st.integers(1, 5000)))
+def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_when_it_is_one(error, free,
+                                                                                              last_bytes):
+    from lanpo import checkpoints
+
+    with tempfile.TemporaryDirectory() as folder:
+        run = Path(folder)
+        if last_bytes is not None:
+            (run / "checkpoint-4").mkdir()
+            (run / "checkpoint-4" / "optimizer.pt").write_bytes(b"x" * last_bytes)
+        (run / ".staging" / "checkpoint-8").mkdir(parents=True)
+        real = shutil.disk_usage
+        shutil.disk_usage = lambda path: Usage(10**13, 10**13 - free, free)
+        try:
+            with pytest.raises(checkpoints.CheckpointSaveError) as raised:
+                with checkpoints.save_failures_named(run, "checkpoint-8"):
+                    raise error
+        finally:
+            shutil.disk_usage = real
+        message = str(raised.value)
+        needed = max(last_bytes, 2**26) if last_bytes is not None else 2**30  # a checkpoint's size, 64 MiB at least
+        said_full = getattr(error, "errno", None) == errno.ENOSPC or "disk is full" in str(error) or free < needed
+        assert message.startswith(f"Saving checkpoint-8 in {run} failed: {type(error).__name__}")
+        assert ("The disk is full" in message) == said_full
+        assert message.endswith(f"lanpo train --resume latest --output_dir {run}")
+        assert ("from checkpoint-4" in message) == (last_bytes is not None)
+        assert raised.value.__cause__ is error
+        assert not (run / ".staging").exists() and (run / "checkpoint-4").is_dir() == (last_bytes is not None)
+
+
+def test_an_error_that_is_not_a_write_failure_passes_through_a_save_unchanged(tmp_path):
+    from lanpo import checkpoints
+
+    with pytest.raises(ValueError, match="a bug"):
+        with checkpoints.save_failures_named(tmp_path, "checkpoint-1"):
+            raise ValueError("a bug")

@@ -9,10 +9,13 @@ are cut back to the checkpoint's step, so the steps re-run after it are not logg
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import shutil
+import sqlite3
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -56,8 +59,11 @@ def write_state(folder: Path, rank: int, world_size: int, step: int, pending: li
     os.replace(tmp, folder / state_file(rank))
 
 
-def commit(staged: Path, final: Path) -> None:
-    """Move a fully written checkpoint into place (the main process, after every process wrote its part)."""
+def commit(staged: Path, final: Path, save_total_limit: int | None = None, best: str | None = None) -> None:
+    """Move a fully written checkpoint into place (the main process, after every process wrote its part), then
+    keep the newest ``save_total_limit`` checkpoints as transformers does (``best``: its best model checkpoint)."""
+    from transformers.trainer_utils import rotate_checkpoints  # here: loading a grid stays free of torch
+
     if final.exists():  # the same step saved again (a resumed run re-saving its first step)
         shutil.rmtree(final)
     os.replace(staged, final)
@@ -65,6 +71,43 @@ def commit(staged: Path, final: Path) -> None:
         staged.parent.rmdir()
     except OSError:
         pass
+    rotate_checkpoints(output_dir=str(final.parent), save_total_limit=save_total_limit, best_model_checkpoint=best,
+                       use_mtime=False)
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written; the message says why (a full disk, when it was) and how to resume."""
+
+
+def _size(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+
+
+@contextmanager
+def save_failures_named(run_dir: Path, name: str):
+    """Around the writing of checkpoint ``name``: a failure raises :class:`CheckpointSaveError` that names the
+    checkpoint, the free space, a full disk when that is the cause (torch's own message for it is only
+    ``[enforce fail at inline_container.cc] unexpected pos``; sqlite says ``database or disk is full``) and the
+    command that resumes. The half-written checkpoint is removed (it frees the space it took); complete ones stay."""
+    try:
+        yield
+    except (OSError, RuntimeError, sqlite3.Error) as error:
+        if isinstance(error, CheckpointSaveError):
+            raise
+        free = shutil.disk_usage(run_dir).free if run_dir.is_dir() else None
+        discard_staging(run_dir)
+        last = latest(run_dir)
+        needed = max(_size(last), 2**26) if last is not None else 2**30  # the last one's size (64 MiB+), or 1 GiB
+        full = getattr(error, "errno", None) == errno.ENOSPC or "disk is full" in str(error).lower() or \
+            (free is not None and free < needed)
+        space = f"{free / 1e9:.1f} GB free" if free is not None else "free space unknown"
+        cause = (f" The disk is full: {space} on the disk of {run_dir}, and a checkpoint of this run takes "
+                 f"{needed / 1e9:.1f} GB; free space there (or keep fewer checkpoints with save_total_limit, or "
+                 "save less often with save_steps), then resume." if full else f" ({space} on its disk.)")
+        start = f"from {last.name}" if last is not None else "from the start: no complete checkpoint was written"
+        raise CheckpointSaveError(
+            f"Saving {name} in {run_dir} failed: {type(error).__name__}: {error}.{cause} The half-written {name} "
+            f"was removed. Resume {start} with: lanpo train --resume latest --output_dir {run_dir}") from error
 
 
 def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:

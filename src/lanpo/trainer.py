@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
@@ -266,22 +266,22 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
 
     def _save_checkpoint(self, model, trial):
         run_dir, name = Path(self._get_output_dir(trial)), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        self._staging = True
-        try:
-            super()._save_checkpoint(model, trial)
-        finally:
-            self._staging = False
-        staged = run_dir / checkpoints.STAGING / name
-        staged.mkdir(parents=True, exist_ok=True)
-        if self.accelerator.is_main_process:
-            self.pool.backup(staged / POOL_FILENAME)
-        checkpoints.write_state(staged, self.accelerator.process_index, self.accelerator.num_processes,
-                                self.state.global_step, self._pending)
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            checkpoints.commit(staged, run_dir / name)
-            rotate_checkpoints(output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
-                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False)
+        with checkpoints.save_failures_named(run_dir, name):  # a full disk is named, the half-written save removed
+            self._staging = True
+            try:
+                super()._save_checkpoint(model, trial)
+            finally:
+                self._staging = False
+            staged = run_dir / checkpoints.STAGING / name
+            staged.mkdir(parents=True, exist_ok=True)
+            if self.accelerator.is_main_process:
+                self.pool.backup(staged / POOL_FILENAME)
+            checkpoints.write_state(staged, self.accelerator.process_index, self.accelerator.num_processes,
+                                    self.state.global_step, self._pending)
+            self.accelerator.wait_for_everyone()
+            if self.accelerator.is_main_process:
+                checkpoints.commit(staged, run_dir / name, self.args.save_total_limit,
+                                   self.state.best_model_checkpoint)
         self.accelerator.wait_for_everyone()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
