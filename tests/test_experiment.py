@@ -371,3 +371,41 @@ def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):
     assert grpo.startswith(f"{(0.3 + 0.1 + 0.4 * 600 / 900) / 2:.3f}") and grpo.endswith("[2]")
     assert lanpo.startswith(f"{(0.1 + 0.1 * 0.5 + 0.1 + 0.3 * 0.5) / 2:.3f}") and lanpo.endswith("[2]")
     assert diff.endswith("[2]")
+
+
+def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
+    grid_file = tiny_grid(tmp_path, tmp_path / "no-model")
+    out = tmp_path / "out"
+
+    def cell(arm, seed, evals, complete):
+        run = out / arm / f"seed-{seed}"
+        run.mkdir(parents=True)
+        rows = [{"step": s, "eval/arith/zero-shot/mean@2": v, **({"step_time": 5.0} if s else {})}
+                for s, v in evals.items()]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        if complete:
+            (run / "cell.json").write_text("{}")
+
+    cell("grpo", 0, {0: 0.2, 1: 0.3, 2: 0.4}, True)
+    cell("grpo", 1, {0: 0.2, 1: 0.4}, False)  # stopped after step 1
+    cell("lanpo", 0, {0: 0.2, 1: 0.35}, False)
+    cell("lanpo", 1, {0: 0.2, 1: 0.25}, False)  # no lanpo seed reached step 2
+    assert main(["experiment", str(grid_file), "--table-only"]) == 0
+    finished = (out / "results.md").read_text()
+    assert "| grpo | feedback_ratio=0.0 | 1/2 |" in finished and "| lanpo | (base) | 0/2 |" in finished
+    assert "unfinished" not in finished
+    assert main(["experiment", str(grid_file), "--table-only", "--unfinished"]) == 0
+    table = (out / "results.md").read_text()
+    assert "| grpo | feedback_ratio=0.0 | 2/2 (1 unfinished) |" in table
+    assert "| lanpo | (base) | 2/2 (2 unfinished) |" in table
+    rows = {r[0]: r[1:] for r in _section_rows(table, "mean@2, by step", "step")}
+    assert rows["1"] == [f"{_fmt_ci([0.3, 0.4])} [2]", f"{_fmt_ci([0.35, 0.25])} [2]",
+                         f"{_fmt_ci([0.05, -0.15], '+')} [2]"]  # lanpo − grpo, paired by seed
+    assert rows["2"] == ["0.400 [1]", "—", "—"]
+    spread = {r[0]: r[1:] for r in _section_rows(table, "should land", "step")}
+    assert spread["2"] == ["—", "—"] and spread["1"][1].endswith("[2]")  # no interval from fewer than 2 seeds
+
+
+def _fmt_ci(values, sign=""):
+    mean, half, se = mean_ci(values)
+    return f"{mean:{sign}.3f} ± {half:.3f} ({se:.3f})"

@@ -209,8 +209,10 @@ def drop_checkpoints(run: Path) -> None:
 
 
 def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None = None,
-             results_md: str | Path | None = None, table_only: bool = False, jobs: int = 1) -> int:
-    """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table. Returns an exit code.
+             results_md: str | Path | None = None, table_only: bool = False, jobs: int = 1,
+             unfinished: bool = False) -> int:
+    """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table (with ``unfinished``, cells
+    that did not finish too, marked). Returns an exit code.
 
     ``jobs`` > 1 runs that many cells at once (each its output in ``OUT/ARM/seed-S.log``), for machines where one
     run leaves the accelerator idle; cells sharing a machine slow each other, so their wall-clock is not a
@@ -254,7 +256,7 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
 
             with ThreadPoolExecutor(jobs) as pool:  # each cell is a process of its own; threads only wait
                 list(pool.map(one, range(1, len(todo) + 1), todo))
-    results = collect(grid)
+    results = collect(grid, unfinished)
     table = results_table(grid, results)
     grid.out.mkdir(parents=True, exist_ok=True)
     (grid.out / "results.md").write_text(table)
@@ -262,7 +264,8 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
     if results_md:
         write_section(Path(results_md), grid.name, table)
     if failed:
-        print(f"failed cells (the table leaves them out): {', '.join(failed)}", file=sys.stderr)
+        print(f"failed cells (the table {'marks them unfinished' if unfinished else 'leaves them out'}): "
+              f"{', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 
@@ -286,6 +289,9 @@ def add_parser(sub, new_path) -> None:
                         "output then goes to OUT/ARM/seed-S.log, and each gets cores/N torch threads unless "
                         "OMP_NUM_THREADS is set). Cells sharing a machine slow each other, so the wall-clock "
                         "columns then measure contention too")
+    p.add_argument("--unfinished", action="store_true",
+                   help="also put cells that did not finish (stopped, failed or still running) in the table, marked "
+                        "as such: their series end at their last logged step (default: finished cells only)")
     p.add_argument("--reference", metavar="ARM", help="take the table's differences against this arm (default: the "
                    "grid's reference); only the table changes, no cell")
     p.add_argument("--results-md", type=new_path("file"),
@@ -300,6 +306,6 @@ def command(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError as error:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
-    code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs)
+    code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs, args.unfinished)
     print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
     return code

@@ -107,13 +107,16 @@ def cell_results(run: Path) -> dict:
     return {"evals": evals, "seconds": seconds, "step_time": clock / timed if timed else None, "training": training}
 
 
-def collect(grid: Grid) -> dict[str, dict[int, dict]]:
-    """``{arm: {seed: cell_results}}`` of the complete cells."""
+def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
+    """``{arm: {seed: cell_results}}`` of the complete cells; with ``unfinished``, also of the cells that logged
+    steps but did not finish (stopped, failed or still running), marked ``"unfinished": True``."""
     found: dict[str, dict[int, dict]] = {}
     for arm, seed in grid.cells():
         run = grid.run_dir(arm, seed)
         if (run / COMPLETE).is_file():
             found.setdefault(arm, {})[seed] = cell_results(run)
+        elif unfinished and (run / "metrics.jsonl").is_file():
+            found.setdefault(arm, {})[seed] = {**cell_results(run), "unfinished": True}
     return found
 
 
@@ -146,7 +149,7 @@ def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list
 
 
 def _pi_cell(values: list[float]) -> str:
-    pi = prediction_interval(values)  # mean@k is a share: kept within [0, 1]
+    pi = prediction_interval(values) if len(values) >= 2 else None  # mean@k is a share: kept within [0, 1]
     return f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(values)}]" if pi else "—"
 
 
@@ -170,6 +173,9 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
              f"Arms × seeds {grid.seeds}; held-out mean@k logged during training. Each cell: mean over seeds ± 95% CI "
              "half-width (Student t, n − 1 df) (standard error) [seeds]; differences are paired by seed. A "
              "difference whose interval contains 0 is inside the noise.", "",
+             *(["Unfinished cells (stopped, failed or still running: no cell.json) are included: their series end "
+                "at their last logged step, and each point counts the seeds that reached it.", ""]
+               if any(c.get("unfinished") for cells in results.values() for c in cells.values()) else []),
              "Per arm, means over its training steps (then over seeds): s/step, and what its rollouts did.", "",
              "| arm | overrides | cells | s/step | " + " | ".join(TRAINING) + " |", "|---|---|---|---|" + "---|" * len(TRAINING)]
     for arm in arms:
@@ -180,7 +186,9 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
             values = [c["training"][column] for c in cells.values() if c["training"][column] is not None]
             columns.append(_fmt(*mean_ci(values)) if values else "—")
         overrides = ", ".join(f"{k}={v}" for k, v in grid.arms[arm].items()) or "(base)"
-        lines.append(f"| {arm} | {overrides} | {len(cells)}/{len(grid.seeds)} | " + " | ".join(columns) + " |")
+        late = sum(1 for c in cells.values() if c.get("unfinished"))
+        count = f"{len(cells)}/{len(grid.seeds)}" + (f" ({late} unfinished)" if late else "")
+        lines.append(f"| {arm} | {overrides} | {count} | " + " | ".join(columns) + " |")
     metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
     for metric in metrics:
         steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
