@@ -316,8 +316,10 @@ def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_w
         said_full = getattr(error, "errno", None) == errno.ENOSPC or "disk is full" in str(error) or free < needed
         assert message.startswith(f"Saving checkpoint-8 in {run} failed: {type(error).__name__}")
         assert ("The disk is full" in message) == said_full
-        assert message.endswith(f"lanpo train --resume latest --output_dir {run}")
-        assert ("from checkpoint-4" in message) == (last_bytes is not None)
+        if last_bytes is not None:
+            assert message.endswith(f"Resume from checkpoint-4 with: lanpo train --resume latest --output_dir {run}")
+        else:  # nothing to resume from: the command that starts the run again
+            assert message.endswith(f"start again with: lanpo train --config {run / 'config.yaml'} --overwrite")
         assert raised.value.__cause__ is error
         assert not (run / ".staging").exists() and (run / "checkpoint-4").is_dir() == (last_bytes is not None)
 
@@ -328,3 +330,24 @@ def test_an_error_that_is_not_a_write_failure_passes_through_a_save_unchanged(tm
     with pytest.raises(ValueError, match="a bug"):
         with checkpoints.save_failures_named(tmp_path, "checkpoint-1"):
             raise ValueError("a bug")
+
+
+def test_a_first_checkpoint_that_fails_says_how_to_start_again_and_that_command_runs(tiny_model_dir, tmp_path,
+                                                                                     monkeypatch, capsys):
+    import torch
+
+    run, save = tmp_path / "run", torch.save
+
+    def denied(obj, f, *args, **kwargs):
+        if "checkpoint-1" in str(f):
+            raise OSError(errno.EACCES, "Permission denied")
+        return save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", denied)
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=1)]) == 2
+    err = capsys.readouterr().err
+    assert "Saving checkpoint-1" in err and "Permission denied" in err and "The disk is full" not in err
+    command = err.split("start again with: ")[1].split()
+    assert command[:2] == ["lanpo", "train"] and not list(run.glob("checkpoint-*"))
+    monkeypatch.undo()
+    assert main(command[1:]) == 0 and (run / "checkpoint-1").is_dir() and (run / "final").is_dir()

@@ -101,13 +101,15 @@ def save_failures_named(run_dir: Path, name: str):
         full = getattr(error, "errno", None) == errno.ENOSPC or "disk is full" in str(error).lower() or \
             (free is not None and free < needed)
         space = f"{free / 1e9:.1f} GB free" if free is not None else "free space unknown"
-        cause = (f" The disk is full: {space} on the disk of {run_dir}, and a checkpoint of this run takes "
-                 f"{needed / 1e9:.1f} GB; free space there (or keep fewer checkpoints with save_total_limit, or "
-                 "save less often with save_steps), then resume." if full else f" ({space} on its disk.)")
-        start = f"from {last.name}" if last is not None else "from the start: no complete checkpoint was written"
-        raise CheckpointSaveError(
-            f"Saving {name} in {run_dir} failed: {type(error).__name__}: {error}.{cause} The half-written {name} "
-            f"was removed. Resume {start} with: lanpo train --resume latest --output_dir {run_dir}") from error
+        takes = f", and a checkpoint of this run takes {needed / 1e9:.1f} GB" if last is not None else ""
+        cause = (f" The disk is full: {space} on the disk of {run_dir}{takes}; free space there (or keep fewer "
+                 "checkpoints with save_total_limit, or save less often with save_steps)." if full
+                 else f" ({space} on its disk.)")
+        then = (f"Resume from {last.name} with: lanpo train --resume latest --output_dir {run_dir}" if last is not None
+                else f"No complete checkpoint was written; start again with: lanpo train --config "
+                     f"{run_dir / 'config.yaml'} --overwrite")
+        raise CheckpointSaveError(f"Saving {name} in {run_dir} failed: {type(error).__name__}: {error}.{cause} The "
+                                  f"half-written {name} was removed. {then}") from error
 
 
 def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:
