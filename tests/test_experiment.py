@@ -407,5 +407,6 @@ def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
 
 
 def _fmt_ci(values, sign=""):
-    mean, half, se = mean_ci(values)
-    return f"{mean:{sign}.3f} ± {half:.3f} ({se:.3f})"
+    from lanpo.grid_results import _fmt
+
+    return _fmt(*mean_ci(values), signed=sign == "+")

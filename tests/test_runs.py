@@ -303,6 +303,7 @@ def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_w
             (run / "checkpoint-4").mkdir()
             (run / "checkpoint-4" / "optimizer.pt").write_bytes(b"x" * last_bytes)
         (run / ".staging" / "checkpoint-8").mkdir(parents=True)
+        (run / "config.yaml").write_text("output_dir: run\n")  # as `lanpo train` writes it before any save
         real = shutil.disk_usage
         shutil.disk_usage = lambda path: Usage(10**13, 10**13 - free, free)
         try:

@@ -55,10 +55,10 @@ def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:
 def prediction_interval(values: list[float]) -> tuple[float, float] | None:
     """``(low, high)``: where one more draw from the distribution of ``values`` lands with 95% probability
     (Student t, n − 1 df: mean ± t · s · √(1 + 1/n), the CI's half-width times √(n + 1)); ``None`` from fewer
-    than two values."""
-    mean, half, _ = mean_ci(values)
-    if half is None:
+    than two values (none from none: an arm with no seed at a step)."""
+    if len(values) < 2:
         return None
+    mean, half, _ = mean_ci(values)
     half *= math.sqrt(len(values) + 1)
     return mean - half, mean + half
 
@@ -149,7 +149,7 @@ def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list
 
 
 def _pi_cell(values: list[float]) -> str:
-    pi = prediction_interval(values) if len(values) >= 2 else None  # mean@k is a share: kept within [0, 1]
+    pi = prediction_interval(values)  # mean@k is a share: kept within [0, 1]
     return f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(values)}]" if pi else "—"
 
 
@@ -168,14 +168,14 @@ def _prediction_section(metric: str, arms: list[str], by_step: dict[int, dict[st
 
 def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     arms, ref = list(grid.arms), grid.reference
+    late = {a: n for a, cells in results.items() if (n := sum(1 for c in cells.values() if c.get("unfinished")))}
     head = arms + [f"{a} − {ref}" for a in arms if a != ref]
     lines = [f"## Experiment `{grid.name}`", "",
              f"Arms × seeds {grid.seeds}; held-out mean@k logged during training. Each cell: mean over seeds ± 95% CI "
              "half-width (Student t, n − 1 df) (standard error) [seeds]; differences are paired by seed. A "
              "difference whose interval contains 0 is inside the noise.", "",
              *(["Unfinished cells (stopped, failed or still running: no cell.json) are included: their series end "
-                "at their last logged step, and each point counts the seeds that reached it.", ""]
-               if any(c.get("unfinished") for cells in results.values() for c in cells.values()) else []),
+                "at their last logged step, and each point counts the seeds that reached it.", ""] if late else []),
              "Per arm, means over its training steps (then over seeds): s/step, and what its rollouts did.", "",
              "| arm | overrides | cells | s/step | " + " | ".join(TRAINING) + " |", "|---|---|---|---|" + "---|" * len(TRAINING)]
     for arm in arms:
@@ -186,8 +186,7 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
             values = [c["training"][column] for c in cells.values() if c["training"][column] is not None]
             columns.append(_fmt(*mean_ci(values)) if values else "—")
         overrides = ", ".join(f"{k}={v}" for k, v in grid.arms[arm].items()) or "(base)"
-        late = sum(1 for c in cells.values() if c.get("unfinished"))
-        count = f"{len(cells)}/{len(grid.seeds)}" + (f" ({late} unfinished)" if late else "")
+        count = f"{len(cells)}/{len(grid.seeds)}" + (f" ({late[arm]} unfinished)" if arm in late else "")
         lines.append(f"| {arm} | {overrides} | {count} | " + " | ".join(columns) + " |")
     metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
     for metric in metrics:
