@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from lanpo import experiment
 from lanpo.cli import main
 from lanpo.experiment import GridError, load_grid
-from lanpo.grid_results import interpolate, mean_ci, prediction_interval
+from lanpo.grid_results import _fmt, interpolate, mean_ci, prediction_interval
 
 
 def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
@@ -407,6 +407,4 @@ def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
 
 
 def _fmt_ci(values, sign=""):
-    from lanpo.grid_results import _fmt
-
     return _fmt(*mean_ci(values), signed=sign == "+")

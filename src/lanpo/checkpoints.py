@@ -106,9 +106,12 @@ def save_failures_named(run_dir: Path, name: str):
                  "checkpoints with save_total_limit, or save less often with save_steps)." if full
                  else f" ({space} on its disk.)")
         config = run_dir / "config.yaml"  # written by `lanpo train`; a trainer built in Python has none
-        then = (f"Resume from {last.name} with: lanpo train --resume latest --output_dir {run_dir}" if last is not None
-                else f"No complete checkpoint was written; start again with: lanpo train --config {config} "
-                     "--overwrite" if config.is_file() else "No complete checkpoint was written; start the run again.")
+        if last is not None:
+            then = f"Resume from {last.name} with: lanpo train --resume latest --output_dir {run_dir}"
+        else:
+            then = "No complete checkpoint was written; " + (
+                f"start again with: lanpo train --config {config} --overwrite" if config.is_file()
+                else "start the run again.")
         raise CheckpointSaveError(f"Saving {name} in {run_dir} failed: {type(error).__name__}: {error}.{cause} The "
                                   f"half-written {name} was removed. {then}") from error
 
