@@ -27,6 +27,7 @@ from transformers import TrainerCallback
 from lanpo.data import load_problems, to_prompt_dataset
 from lanpo.evaluate import EvalSettings, run_retrieval, run_zero_shot
 from lanpo.models import load_tokenizer, resolve_model_path
+from lanpo.presets import training_split
 from lanpo.retrieval import Retriever
 from lanpo.rewards import MathVerifier
 from lanpo.train import parse
@@ -102,7 +103,8 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_problems = load_problems(args.data, data_dir=args.data_dir, limit=args.data_limit)
+    train_problems = load_problems(args.data, split=training_split(args.data), data_dir=args.data_dir,
+                                   limit=args.data_limit)
     eval_problems = load_problems(args.eval_data, split=args.eval_split, data_dir=args.data_dir,
                                   limit=args.eval_problems)
     results = {}

@@ -71,8 +71,7 @@ def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model: mean@k / pass@k in zero-shot, retrieval and self-correct modes",
                        description="Sample k completions per problem and report accuracy mean@k (± standard error), "
                                    "pass@k, mean length and truncation rate; every completion is saved.")
-    p.add_argument("--model", default="smollm2-135m", help="hub id, local dir, .gguf file, a run dir, or smollm2-135m "
-                                                           "(default)")
+    p.add_argument("--model", default="smollm2-135m", help="hub id, local dir, .gguf file, run dir, smollm2-135m (default)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", help="data spec: builtin:arith?split=test, a preset, a .jsonl/.json/.parquet file, or "
                                     "a hub name (default: builtin:arith?split=test)")
@@ -105,7 +104,7 @@ def _eval_parser(sub) -> None:
 
 def _data_field_args(p) -> None:
     p.add_argument("--data-dir", help="read presets and benchmarks from local files here (e.g. ../shared/data)")
-    p.add_argument("--split", help="dataset split (default: the preset's own)")
+    p.add_argument("--split", help="dataset split (default: eval the preset's own, sft-data its train split)")
     p.add_argument("--problem-field", help="field holding the problem text (default: problem/question/prompt)")
     p.add_argument("--answer-field", help="field holding the answer (default: answer/final_answer/solution)")
     p.add_argument("--id-field", help="field holding a problem id (default: id/unique_id/idx; else the row number)")
@@ -356,8 +355,7 @@ def _sft_data_parser(sub) -> None:
     p.add_argument("--n", type=at_least(1), default=3000, help="examples to build in all (default 3000)")
     p.add_argument("--mix", type=skill_mix, default=[1.0, 1.0, 1.0],
                    help="shares of summarize,reflect,feedback (default 1,1,1)")
-    p.add_argument("--tries", type=at_least(1), default=4,
-                   help="teacher samples per example before dropping it (default 4)")
+    p.add_argument("--tries", type=at_least(1), default=4, help="teacher tries per example (default 4)")
     p.add_argument("--batch-size", type=at_least(1), default=16, help="problems per round (default 16)")
     p.add_argument("--temperature", type=at_least(0.0, float), default=0.7)
     p.add_argument("--max-new-tokens", type=at_least(1), default=384)
@@ -369,11 +367,13 @@ def _sft_data_parser(sub) -> None:
 
 def cmd_sft_data(args) -> int:
     from .data import load_problems
+    from .presets import training_split
     from .rewards import MathVerifier
     from .sft_data import EndpointTeacher, build_sft_data
 
     mix = args.mix
-    problems = load_problems(args.data, split=args.split, limit=args.limit, **_field_kwargs(args))
+    problems = load_problems(args.data, split=args.split or training_split(args.data), limit=args.limit,
+                             **_field_kwargs(args))
     if args.teacher_url:
         teacher = EndpointTeacher(args.teacher_url, args.teacher, temperature=args.temperature,
                                   max_tokens=args.max_new_tokens, api_key=args.api_key)

@@ -115,7 +115,9 @@ class LanpoConfig(GRPOConfig):
     # -- evaluation during training --------------------------------------------------------------------------
     eval_benchmarks: str | None = field(default=None, metadata={
         "help": "Held-out problems evaluated during training, comma-separated data specs (math500, aime24, gsm8k, "
-                "builtin:arith?split=test, a file); logged as eval/<benchmark>/<mode>/mean@k."})
+                "builtin:arith?split=test, a file); logged as eval/<benchmark>/<mode>/mean@k. Unset with "
+                "eval_every > 0 under lanpo train: the training data's held-out split (builtin:arith's test split, "
+                "gsm8k's test split, math500 for math)."})
     eval_modes: str = field(default="zero-shot", metadata={
         "help": "Evaluation modes during training, comma-separated: zero-shot, retrieval (from this run's pool)."})
     eval_every: int = field(default=0, metadata={
@@ -193,9 +195,6 @@ class LanpoConfig(GRPOConfig):
         if self.eval_every < 0 or self.eval_k < 1 or (self.eval_limit is not None and self.eval_limit < 1):
             raise ValueError(f"eval_every must be >= 0 and eval_k, eval_limit >= 1; got {self.eval_every}, "
                              f"{self.eval_k}, {self.eval_limit}.")
-        if self.eval_every and not self.eval_benchmarks:
-            raise ValueError("eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or "
-                             "builtin:arith?split=test.")
         modes = self.eval_mode_list()
         if not modes or any(m not in EVAL_MODES for m in modes):
             raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")

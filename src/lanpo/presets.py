@@ -37,3 +37,16 @@ PRESETS: dict[str, Preset] = {
 }
 # Benchmarks are the presets used for evaluation (train-only sets excluded).
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
+
+
+def training_split(spec: str) -> str | None:
+    """The split training reads from a preset when none is named: its train split when it has one. (A preset's own
+    ``split`` is the evaluation default: ``test`` for GSM8K, whose test split training must not read unasked.)"""
+    preset = PRESETS.get(spec)
+    if preset is None:
+        return None
+    return "train" if "train" in preset.local else preset.split
+
+
+# The held-out benchmark of a preset trained on its train split (evaluation during training, when none is named).
+HELD_OUT = {"gsm8k": "gsm8k", "math": "math500"}

@@ -31,7 +31,8 @@ class TrainArguments:
         "help": "Training problems: builtin:arith[?levels=..&n=..], a preset (gsm8k, math, dapo-math-17k...), "
                 "a .jsonl/.json/.parquet file, or a hub name."})
     data_dir: str | None = field(default=None, metadata={"help": "Read presets from local files here."})
-    data_split: str | None = field(default=None, metadata={"help": "Split of the training data."})
+    data_split: str | None = field(default=None, metadata={
+        "help": "Split of the training data (default: a preset's train split when it has one)."})
     data_limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
     problem_field: str | None = field(default=None, metadata={"help": "Field with the problem text."})
     answer_field: str | None = field(default=None, metadata={"help": "Field with the answer."})
@@ -177,6 +178,14 @@ def parse(argv: list[str]):
     train_args, model_args, config = parse_command_line((TrainArguments, ModelConfig, LanpoConfig), defaults, argv)
     if model_args.model_name_or_path is None:
         raise ValueError("A config without model_name_or_path: name the model to train (--model NAME_OR_PATH).")
+    if config.eval_every and not config.eval_benchmarks:
+        from .training_eval import held_out_benchmark
+
+        config.eval_benchmarks = held_out_benchmark(train_args.data, train_args.data_split)
+        if config.eval_benchmarks is None:
+            raise ValueError(f"eval_every > 0 needs eval_benchmarks: lanpo knows no held-out split of "
+                             f"{train_args.data!r} (split {train_args.data_split or 'default'}); name the held-out "
+                             "problems, e.g. --eval_benchmarks math500 or a file.")
     if saved is not None:
         _check_resume_changes(yaml.safe_load(saved.read_text()), resolved_config(train_args, model_args, config))
     return train_args, model_args, config
@@ -265,6 +274,7 @@ def run(argv: list[str]) -> Path:
 
     from .data import load_problems, to_prompt_dataset
     from .models import check_model_name, load_tokenizer, resolve_model_path
+    from .presets import training_split
     from .runlog import model_card, plot_run, push_final_model, save_final_model
     from .trainer import LanpoTrainer
     from .training_eval import load_eval_problems
@@ -282,7 +292,8 @@ def run(argv: list[str]) -> Path:
         if constants.HF_HUB_OFFLINE:
             raise RuntimeError("push_to_hub needs the Hugging Face hub, but this machine is offline (HF_HUB_OFFLINE "
                                "is set): drop --push_to_hub, and push RUN/final later.")
-    problems = load_problems(train_args.data, split=train_args.data_split, limit=train_args.data_limit,
+    problems = load_problems(train_args.data, split=train_args.data_split or training_split(train_args.data),
+                             limit=train_args.data_limit,
                              data_dir=train_args.data_dir, problem_field=train_args.problem_field,
                              answer_field=train_args.answer_field, id_field=train_args.id_field,
                              problem_template=train_args.problem_template,

@@ -16,8 +16,9 @@ from pathlib import Path
 import torch
 from transformers import Trainer, TrainerCallback
 
-from .data import Problem, default_split, load_problems, split_specs
+from .data import Problem, default_split, load_problems, parse_builtin, split_specs
 from .evaluate import EvalSettings, evaluate
+from .presets import HELD_OUT, training_split
 
 logger = logging.getLogger(__name__)
 
@@ -28,8 +29,24 @@ def benchmark_name(spec: str) -> str:
     return Path(base).stem if ("/" in base or "." in base) else base
 
 
-def load_eval_problems(specs: str, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
+def held_out_benchmark(data: str, split: str | None = None) -> str | None:
+    """The held-out problems of a training set, evaluated during training when ``eval_benchmarks`` names none:
+    builtin:arith's test split (same levels and seed; disjoint from train by construction), GSM8K's test split,
+    MATH500 for MATH. None when lanpo knows none (a file, a hub name, a test split trained on)."""
+    if data.startswith("builtin:"):
+        name, options = parse_builtin(data)
+        if (split or options.get("split", "train")) == "test":
+            return None
+        kept = [f"{k}={v}" for k, v in options.items() if k not in ("split", "n")]
+        return f"{name}?{'&'.join([*kept, 'split=test'])}"
+    return HELD_OUT.get(data) if (split or training_split(data)) == "train" else None
+
+
+def load_eval_problems(specs: str | None, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
     """The held-out problems of ``eval_benchmarks`` (comma-separated data specs), by metric name."""
+    if not specs:
+        raise ValueError("eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or "
+                         "builtin:arith?split=test.")
     problems, listed = {}, split_specs(specs)
     for spec in listed:
         name = benchmark_name(spec)
