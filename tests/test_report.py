@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lanpo.cli import main as lanpo
 from lanpo.pool import ExperiencePool
@@ -174,3 +176,54 @@ def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
     prompts = [p[-1]["content"] for p in trainer._logs["prompt"]]
     assert any("Earlier attempt" in p for p in prompts)  # reflection rows: their feedback prompt, not the plain one
     assert any("Earlier attempt" not in p for p in prompts)  # scratch rows: the plain prompt
+
+
+@given(st.lists(st.tuples(st.sampled_from(["feedback", "scratch", "reflection", "abstraction"]),
+                          st.floats(0, 1)), min_size=1, max_size=20), st.data())
+def test_reward_is_accuracy_holds_exactly_when_every_kind_agrees_at_every_step(points, data):
+    from lanpo.runlog import reward_is_accuracy
+
+    rows = [{"step": i, f"reward/{kind}/mean": v, f"accuracy/{kind}/mean": v} for i, (kind, v) in enumerate(points)]
+    assert reward_is_accuracy(rows)
+    row = data.draw(st.sampled_from(rows))
+    key = next(k for k in row if k.startswith("reward/"))
+    row[key] += data.draw(st.sampled_from([0.25, -0.5, 1e-3]))  # a shaped reward (format bonus, penalty)
+    assert not reward_is_accuracy(rows)
+
+
+def test_reward_and_accuracy_share_one_chart_only_when_every_run_has_them_equal(trained_run, tmp_path):
+    import lanpo.report
+
+    shaped = lanpo.report.collect(trained_run)
+    assert not shaped["reward_is_accuracy"]  # this run's reward adds a length bonus to the verifier's 0/1
+    binary = tmp_path / "binary"
+    binary.mkdir()
+    rows = [{"step": s, "reward/feedback/mean": v, "accuracy/feedback/mean": v, "reward/scratch/mean": 1 - v,
+             "accuracy/scratch/mean": 1 - v} for s, v in ((1, 0.25), (2, 0.5))]
+    (binary / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    binary = lanpo.report.collect(binary)
+    assert binary["reward_is_accuracy"]
+    titles = [t for t, _ in lanpo.report.panels([binary])]
+    assert any(t.startswith("Reward = accuracy") for t in titles) and not any(t.startswith("Accuracy") for t in titles)
+    for runs in ([shaped], [binary, shaped]):
+        titles = [t for t, _ in lanpo.report.panels(runs)]
+        assert any(t.startswith("Accuracy") for t in titles) and not any("Reward = accuracy" in t for t in titles)
+
+
+def test_evaluations_in_the_run_directory_are_listed_in_the_order_they_were_written(tmp_path):
+    import os
+
+    import lanpo.report
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+    for i, name in enumerate(["eval-before", "eval-after", "eval-checkpoint-10"]):  # not alphabetical
+        (tmp_path / name).mkdir()
+        results = tmp_path / name / "results.json"
+        results.write_text(json.dumps({"model": name, "data": "d", "settings": {"k": 4},
+                                       "modes": {"zero-shot": {"metrics": {"mean@4": i / 4}}}}))
+        os.utime(results, (1_000_000 + i, 1_000_000 + i))
+    (tmp_path / "eval-broken").mkdir()
+    (tmp_path / "eval-broken" / "results.json").write_text("{not json")  # skipped, not a crash
+    evals = lanpo.report.collect(tmp_path)["evals"]
+    assert [e["name"] for e in evals] == ["eval-before", "eval-after", "eval-checkpoint-10"]
+    assert [e["modes"]["zero-shot"]["mean@4"] for e in evals] == [0, 0.25, 0.5] and evals[0]["k"] == 4

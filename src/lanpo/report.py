@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from .pool import POOL_FILENAME, ExperiencePool
-from .runlog import read_jsonl, read_metrics
+from .runlog import read_jsonl, read_metrics, reward_is_accuracy
 
 logger = logging.getLogger(__name__)
 
@@ -113,9 +113,11 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
 
 
 def _evals(run_dir: Path) -> list[dict]:
-    """Every ``results.json`` under the run (``eval-before``, ``eval-after``, ...): name, data, modes' metrics."""
+    """Every ``results.json`` under the run (``eval-before``, ``eval-after``, ...) in the order they were written:
+    name, data, modes' metrics."""
     found = []
-    for path in sorted(run_dir.glob("*/results.json")) + sorted(run_dir.glob("*/*/results.json")):
+    paths = [*run_dir.glob("*/results.json"), *run_dir.glob("*/*/results.json")]
+    for path in sorted(paths, key=lambda p: (p.stat().st_mtime, str(p))):
         try:
             payload = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
@@ -134,12 +136,21 @@ def collect(run_dir: str | Path) -> dict:
     groups, total_groups = _groups(read_jsonl(run / "samples.jsonl"))
     config = next((f.read_text() for f in (run / "config.yaml", run / "config.json") if f.is_file()), "")
     return {"name": run.name, "path": str(run), "metrics": _metrics(metrics),
+            "reward_is_accuracy": reward_is_accuracy(metrics),
             "groups": groups, "total_groups": total_groups,
             "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")), "evals": _evals(run), "config": config}
 
 
+def panels(runs: list[dict]) -> list:
+    """PANELS, with reward and accuracy in one chart when every run's reward is its accuracy (0/1 rewards)."""
+    if not runs or not all(r.get("reward_is_accuracy") for r in runs):
+        return PANELS
+    return [("Reward = accuracy (0/1 verifier reward): feedback vs scratch", keys) if title.startswith("Reward")
+            else (title, keys) for title, keys in PANELS if not title.startswith("Accuracy")]
+
+
 def render(runs: list[dict], title: str = "lanpo report") -> str:
-    data = json.dumps({"runs": runs, "panels": PANELS, "limits": {"entries": MAX_ENTRIES, "groups": MAX_GROUPS}},
+    data = json.dumps({"runs": runs, "panels": panels(runs), "limits": {"entries": MAX_ENTRIES, "groups": MAX_GROUPS}},
                       ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the data block
     return (_TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__CSS__", _CSS)
             .replace("__DATA__", data).replace("__JS__", _JS))
@@ -204,11 +215,11 @@ const esc = s => String(s ?? '').replace(/[&<>"']/g, c => ({'&':'&amp;','<':'&lt
 const el = (tag, attrs, html) => { const e = document.createElement(tag); Object.assign(e, attrs || {}); if (html !== undefined) e.innerHTML = html; return e; };
 const fmt = v => v === null || v === undefined ? '' : (typeof v === 'number' ? (Math.abs(v) >= 100 ? v.toFixed(0) : Math.abs(v) >= 1 ? v.toFixed(2) : v.toFixed(3)) : esc(v));
 
-function chart(title, series) {
+function chart(title, series, empty) {
   const W = 440, H = 220, L = 46, R = 10, T = 10, B = 26;
   const pts = series.flatMap(s => s.points);
   const card = el('div', {className: 'card'}); card.appendChild(el('h3', {}, esc(title)));
-  if (!pts.length) { card.appendChild(el('div', {className: 'muted'}, 'no data logged')); return card; }
+  if (!pts.length) { card.appendChild(el('div', {className: 'muted'}, empty || 'no data logged')); return card; }
   let [x0, x1] = [Math.min(...pts.map(p => p[0])), Math.max(...pts.map(p => p[0]))];
   let [y0, y1] = [Math.min(...pts.map(p => p[1])), Math.max(...pts.map(p => p[1]))];
   if (x0 === x1) { x0 -= 1; x1 += 1; } if (y0 === y1) { y0 -= 0.5; y1 += 0.5; }
@@ -239,7 +250,9 @@ function curves(main) {
       const names = keys.flatMap(k => k.endsWith('*') ? Object.keys(run.metrics).filter(m => m.startsWith(k.slice(0, -1))).sort() : [k]);
       names.forEach((k, i) => { if (run.metrics[k]) series.push({label: (DATA.runs.length > 1 ? run.name + ': ' : '') + k, points: run.metrics[k], color: COLORS[i % COLORS.length], dash: DASHES[r % DASHES.length]}); });
     });
-    grid.appendChild(chart(title, series));
+    const evals = DATA.runs.reduce((n, run) => n + run.evals.length, 0);
+    const empty = keys[0] === 'eval/*' && evals ? `no evaluation during training (--eval_every N); ${evals} evaluation(s) in the run directory: see the Evaluation tab` : '';
+    grid.appendChild(chart(title, series, empty));
   });
 }
 
@@ -351,8 +364,8 @@ function evalTab(main) {
       box.appendChild(el('div', {}, t + '</table>'));
     }
     if (run.evals.length) {
-      let t = '<b>Evaluations in the run directory</b><table><tr><th>evaluation</th><th>model</th><th>data</th><th>mode</th><th>mean@k</th><th>&plusmn; s.e.</th><th>pass@k</th><th>mean length</th></tr>';
-      run.evals.forEach(e => Object.entries(e.modes).forEach(([mode, m]) => { t += `<tr><td>${esc(e.name)}</td><td>${esc(e.model)}</td><td>${esc(e.data)}</td><td>${esc(mode)}</td><td>${fmt(m['mean@' + e.k])}</td><td>${fmt(m['mean@' + e.k + '_stderr'])}</td><td>${fmt(m['pass@' + e.k])}</td><td>${fmt(m.mean_length)}</td></tr>`; }));
+      let t = '<b>Evaluations in the run directory</b><table><tr><th>evaluation</th><th>model</th><th>data</th><th>mode</th><th>k</th><th>mean@k</th><th>&plusmn; s.e.</th><th>pass@k</th><th>mean length</th></tr>';
+      run.evals.forEach(e => Object.entries(e.modes).forEach(([mode, m]) => { t += `<tr><td>${esc(e.name)}</td><td>${esc(e.model)}</td><td>${esc(e.data)}</td><td>${esc(mode)}</td><td>${esc(e.k)}</td><td>${fmt(m['mean@' + e.k])}</td><td>${fmt(m['mean@' + e.k + '_stderr'])}</td><td>${fmt(m['pass@' + e.k])}</td><td>${fmt(m.mean_length)}</td></tr>`; }));
       box.appendChild(el('div', {}, t + '</table>'));
     }
     if (!keys.length && !run.evals.length) box.appendChild(el('div', {className: 'muted'}, 'No evaluation: train with --eval_every N --eval_benchmarks ..., or run lanpo eval --out RUN/eval-NAME.'));

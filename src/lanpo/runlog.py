@@ -209,6 +209,14 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in points], [float(p[1]) for p in points]
 
 
+def reward_is_accuracy(rows: list[dict]) -> bool:
+    """True when every logged reward/<kind>/mean equals accuracy/<kind>/mean (the reward is the verifier's 0/1):
+    then one plot shows both."""
+    pairs = [(v, r.get("accuracy/" + k[len("reward/"):])) for r in rows for k, v in r.items()
+             if k.startswith("reward/") and k.endswith("/mean")]
+    return all(a is not None and abs(float(v) - float(a)) < 1e-9 for v, a in pairs)
+
+
 def _plt():
     import matplotlib
 
@@ -219,25 +227,27 @@ def _plt():
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Reward and accuracy per step, feedback vs scratch rollouts, and pool growth, for one run."""
+    """Reward and accuracy per step (one panel when they are equal), feedback vs scratch rollouts, and pool growth."""
     plt = _plt()
     rows = read_metrics(run_dir)
     out = Path(out or Path(run_dir) / "training_curves.png")
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, metric in zip(axes[:2], ("reward", "accuracy")):
+    same = reward_is_accuracy(rows)
+    metrics = ["reward"] if same else ["reward", "accuracy"]
+    fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(5 * (len(metrics) + 1), 4))
+    for ax, metric in zip(axes, metrics):
         for kind, style in (("scratch", "-o"), ("feedback", "-s"), ("reflection", ":"), ("abstraction", "--")):
             x, y = series(rows, f"{metric}/{kind}/mean")
             if x:
                 ax.plot(x, y, style, label=kind, markersize=3)
-        ax.set_title(f"{metric} per step")
+        ax.set_title("reward = accuracy per step (0/1 verifier reward)" if same else f"{metric} per step")
         ax.set_xlabel("step")
         ax.legend()
         ax.grid(alpha=0.3)
     x, y = series(rows, "lanpo/pool_size")
-    axes[2].plot(x, y, "-", color="tab:green")
-    axes[2].set_title("experience pool entries")
-    axes[2].set_xlabel("step")
-    axes[2].grid(alpha=0.3)
+    axes[-1].plot(x, y, "-", color="tab:green")
+    axes[-1].set_title("experience pool entries")
+    axes[-1].set_xlabel("step")
+    axes[-1].grid(alpha=0.3)
     fig.suptitle(Path(run_dir).name)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
