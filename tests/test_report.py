@@ -152,6 +152,9 @@ def test_report_in_headless_chromium_loads_cleanly_searches_the_pool_and_shows_r
 
     curves = _chromium(url, "--dump-dom")
     assert curves.stdout.count("<svg") >= 10 and "Held-out evaluation" in curves.stdout
+    evaluation = _chromium(url + "#tab=Evaluation", "--dump-dom")
+    assert "During training" in evaluation.stdout and "arith/zero-shot/mean@2" in evaluation.stdout
+    assert "±" in evaluation.stdout.replace("&plusmn;", "±")
 
     shot = tmp_path / "report-pool.png"
     _chromium(url + "#tab=Pool", f"--screenshot={shot}", "--window-size=1400,1000")
@@ -227,3 +230,19 @@ def test_evaluations_in_the_run_directory_are_listed_in_the_order_they_were_writ
     evals = lanpo.report.collect(tmp_path)["evals"]
     assert [e["name"] for e in evals] == ["eval-before", "eval-after", "eval-checkpoint-10"]
     assert [e["modes"]["zero-shot"]["mean@4"] for e in evals] == [0, 0.25, 0.5] and evals[0]["k"] == 4
+
+
+def test_held_out_chart_draws_only_mean_at_k_and_the_table_gives_its_error_and_pass_at_k(trained_run):
+    import lanpo.report
+
+    run = lanpo.report.collect(trained_run)
+    charts = dict(lanpo.report.panels([run]))
+    assert charts["Held-out evaluation (mean@k)"] == ["eval/arith/retrieval/mean@2", "eval/arith/zero-shot/mean@2"]
+    assert "eval/seconds" in charts["Time per phase (s)"]  # seconds never share an axis with accuracies
+    assert all(k in run["metrics"] for keys in charts.values() for k in keys if k.startswith("eval/"))
+    logged = [json.loads(x) for x in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in run["eval_table"]] == [r["step"] for r in logged if "eval/seconds" in r] == [0, 2]
+    for table_row, row in zip(run["eval_table"], (r for r in logged if "eval/seconds" in r)):
+        assert table_row["cells"]["arith/zero-shot/mean@2"] == [row["eval/arith/zero-shot/mean@2"],
+                                                                 row["eval/arith/zero-shot/mean@2_stderr"],
+                                                                 row["eval/arith/zero-shot/pass@2"]]

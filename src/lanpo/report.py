@@ -26,13 +26,14 @@ MAX_GROUPS = 600
 MAX_ATTEMPTS = 5000
 MAX_TEXT = 4000  # characters of one prompt, completion or attempt kept in the page (the rest is marked as cut)
 
-# (title, metric keys): one chart each; a key ending in "*" takes every metric with that prefix.
+# (title, metric keys): one chart each; a key "a*b" takes every logged metric that starts with a and contains b
+# (expanded in Python by :func:`panels`, so the page draws exactly the series listed).
 PANELS = [
     ("Reward: feedback vs scratch", ["reward/feedback/mean", "reward/scratch/mean", "reward/reflection/mean",
                                      "reward/abstraction/mean"]),
     ("Accuracy: feedback vs scratch", ["accuracy/feedback/mean", "accuracy/scratch/mean", "accuracy/reflection/mean",
                                        "accuracy/abstraction/mean"]),
-    ("Held-out evaluation (mean@k)", ["eval/*"]),
+    ("Held-out evaluation (mean@k)", ["eval/*/mean@"]),
     ("KL to the reference", ["kl"]),
     ("Entropy", ["entropy"]),
     ("Completion length (tokens)", ["completions/mean_length"]),
@@ -44,7 +45,7 @@ PANELS = [
     ("Retrieval", ["retrieval/hit_rate", "retrieval/relevance_pass_rate"]),
     ("Strip weight (feedback tokens)", ["lanpo/strip_weight_mean", "lanpo/strip_weight_clipped"]),
     ("Time per phase (s)", ["time/generate", "time/summarize", "time/retrieve", "time/reward", "time/score",
-                            "time/update"]),
+                            "time/update", "eval/seconds"]),
 ]
 
 
@@ -60,6 +61,17 @@ def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
                     not (key.startswith("eval/") and ("stderr" in key or "pass@" in key)):
                 out.setdefault(key, []).append([step, value])
     return out
+
+
+def _eval_table(rows: list[dict]) -> list[dict]:
+    """Evaluation during training by step: {"step", "cells": {"<benchmark>/<mode>/mean@k": [mean, s.e., pass@k]}}."""
+    table = []
+    for row in rows:
+        cells = {key[5:]: [row[key], row.get(f"{key}_stderr"), row.get(key.replace("/mean@", "/pass@"))]
+                 for key in row if key.startswith("eval/") and "/mean@" in key and not key.endswith("_stderr")}
+        if cells:
+            table.append({"step": row.get("step"), "cells": cells})
+    return table
 
 
 def _cut(text) -> str:
@@ -136,17 +148,32 @@ def collect(run_dir: str | Path) -> dict:
     groups, total_groups = _groups(read_jsonl(run / "samples.jsonl"))
     config = next((f.read_text() for f in (run / "config.yaml", run / "config.json") if f.is_file()), "")
     return {"name": run.name, "path": str(run), "metrics": _metrics(metrics),
-            "reward_is_accuracy": reward_is_accuracy(metrics),
+            "reward_is_accuracy": reward_is_accuracy(metrics), "eval_table": _eval_table(metrics),
             "groups": groups, "total_groups": total_groups,
             "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")), "evals": _evals(run), "config": config}
 
 
+def _expand(keys: list[str], logged: set[str]) -> list[str]:
+    out = []
+    for key in keys:
+        head, star, tail = key.partition("*")
+        out += sorted(m for m in logged if m.startswith(head) and tail in m[len(head):]) if star else [key]
+    return out
+
+
 def panels(runs: list[dict]) -> list:
-    """PANELS, with reward and accuracy in one chart when every run's reward is its accuracy (0/1 rewards)."""
-    if not runs or not all(r.get("reward_is_accuracy") for r in runs):
-        return PANELS
-    return [("Reward = accuracy (0/1 verifier reward): feedback vs scratch", keys) if title.startswith("Reward")
-            else (title, keys) for title, keys in PANELS if not title.startswith("Accuracy")]
+    """PANELS with their patterns expanded over the runs' metrics; reward and accuracy in one chart when every
+    run's reward is its accuracy (0/1 rewards)."""
+    logged = {name for run in runs for name in run["metrics"]}
+    merged = bool(runs) and all(r.get("reward_is_accuracy") for r in runs)
+    out = []
+    for title, keys in PANELS:
+        if merged and title.startswith("Accuracy"):
+            continue
+        if merged and title.startswith("Reward"):
+            title = "Reward = accuracy (0/1 verifier reward): feedback vs scratch"
+        out.append((title, _expand(keys, logged)))
+    return out
 
 
 def render(runs: list[dict], title: str = "lanpo report") -> str:
@@ -226,11 +253,13 @@ function chart(title, series, empty) {
   const sx = x => L + (x - x0) / (x1 - x0) * (W - L - R), sy = y => H - B - (y - y0) / (y1 - y0) * (H - T - B);
   let svg = `<svg viewBox="0 0 ${W} ${H}" width="100%" role="img" aria-label="${esc(title)}">`;
   for (let i = 0; i <= 4; i++) {
-    const y = y0 + (y1 - y0) * i / 4, x = x0 + (x1 - x0) * i / 4;
+    const y = y0 + (y1 - y0) * i / 4;
     svg += `<line x1="${L}" x2="${W - R}" y1="${sy(y)}" y2="${sy(y)}" stroke="#eee"/>`;
     svg += `<text x="${L - 4}" y="${sy(y) + 4}" font-size="10" text-anchor="end" fill="#666">${fmt(y)}</text>`;
-    svg += `<text x="${sx(x)}" y="${H - 8}" font-size="10" text-anchor="middle" fill="#666">${Math.round(x)}</text>`;
   }
+  new Set([0, 1, 2, 3, 4].map(i => Math.round(x0 + (x1 - x0) * i / 4))).forEach(x => {  // whole steps only
+    if (x >= x0 && x <= x1) svg += `<text x="${sx(x)}" y="${H - 8}" font-size="10" text-anchor="middle" fill="#666">${x}</text>`;
+  });
   series.forEach(s => {
     const d = s.points.map((p, i) => `${i ? 'L' : 'M'}${sx(p[0]).toFixed(1)},${sy(p[1]).toFixed(1)}`).join('');
     svg += `<path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.6" stroke-dasharray="${s.dash}"/>`;
@@ -247,11 +276,10 @@ function curves(main) {
   DATA.panels.forEach(([title, keys]) => {
     const series = [];
     DATA.runs.forEach((run, r) => {
-      const names = keys.flatMap(k => k.endsWith('*') ? Object.keys(run.metrics).filter(m => m.startsWith(k.slice(0, -1))).sort() : [k]);
-      names.forEach((k, i) => { if (run.metrics[k]) series.push({label: (DATA.runs.length > 1 ? run.name + ': ' : '') + k, points: run.metrics[k], color: COLORS[i % COLORS.length], dash: DASHES[r % DASHES.length]}); });
+      keys.forEach((k, i) => { if (run.metrics[k]) series.push({label: (DATA.runs.length > 1 ? run.name + ': ' : '') + k, points: run.metrics[k], color: COLORS[i % COLORS.length], dash: DASHES[r % DASHES.length]}); });
     });
     const evals = DATA.runs.reduce((n, run) => n + run.evals.length, 0);
-    const empty = keys[0] === 'eval/*' && evals ? `no evaluation during training (--eval_every N); ${evals} evaluation(s) in the run directory: see the Evaluation tab` : '';
+    const empty = title.startsWith('Held-out') && evals ? `no evaluation during training (--eval_every N); ${evals} evaluation(s) in the run directory: see the Evaluation tab` : '';
     grid.appendChild(chart(title, series, empty));
   });
 }
@@ -356,11 +384,10 @@ function evalTab(main) {
   DATA.runs.forEach(run => {
     const box = el('div', {className: 'card'}); main.appendChild(box);
     box.appendChild(el('h3', {}, esc(run.name)));
-    const keys = Object.keys(run.metrics).filter(k => k.startsWith('eval/') && k.includes('mean@')).sort();
+    const keys = [...new Set(run.eval_table.flatMap(r => Object.keys(r.cells)))].sort();
     if (keys.length) {
-      const steps = [...new Set(keys.flatMap(k => run.metrics[k].map(p => p[0])))].sort((a, b) => a - b);
-      let t = '<b>During training</b><table><tr><th>step</th>' + keys.map(k => `<th>${esc(k.slice(5))}</th>`).join('') + '</tr>';
-      steps.forEach(s => { t += `<tr><td>${s}</td>` + keys.map(k => { const p = run.metrics[k].find(q => q[0] === s); return `<td>${p ? fmt(p[1]) : ''}</td>`; }).join('') + '</tr>'; });
+      let t = '<b>During training</b> <span class="muted">mean@k &plusmn; s.e. (pass@k)</span><table><tr><th>step</th>' + keys.map(k => `<th>${esc(k)}</th>`).join('') + '</tr>';
+      run.eval_table.forEach(r => { t += `<tr><td>${r.step}</td>` + keys.map(k => { const c = r.cells[k]; return `<td>${c ? fmt(c[0]) + (c[1] === null ? '' : ' &plusmn; ' + fmt(c[1])) + (c[2] === null ? '' : ` (${fmt(c[2])})`) : ''}</td>`; }).join('') + '</tr>'; });
       box.appendChild(el('div', {}, t + '</table>'));
     }
     if (run.evals.length) {

@@ -186,6 +186,8 @@ def parse(argv: list[str]):
             raise ValueError(f"eval_every > 0 needs eval_benchmarks: lanpo knows no held-out split of "
                              f"{train_args.data!r} (split {train_args.data_split or 'default'}); name the held-out "
                              "problems, e.g. --eval_benchmarks math500 or a file.")
+        logger.info("eval_benchmarks not named: evaluating %s, the held-out split of %s", config.eval_benchmarks,
+                    train_args.data)
     if saved is not None:
         _check_resume_changes(yaml.safe_load(saved.read_text()), resolved_config(train_args, model_args, config))
     return train_args, model_args, config
