@@ -266,7 +266,7 @@ function chart(title, series, empty) {
     if (s.points.length < 40) s.points.forEach(p => { svg += `<circle cx="${sx(p[0])}" cy="${sy(p[1])}" r="2" fill="${s.color}"><title>${esc(s.label)} step ${p[0]}: ${fmt(p[1])}</title></circle>`; });
   });
   card.appendChild(el('div', {}, svg + '</svg>'));
-  card.appendChild(el('div', {className: 'legend'}, series.map(s => `<span style="color:${s.color}">&#9644; ${esc(s.label)}</span>`).join('')));
+  card.appendChild(el('div', {className: 'legend'}, series.map(s => `<span style="color:${s.color}"><svg width="20" height="6"><line x1="0" x2="20" y1="3" y2="3" stroke="${s.color}" stroke-width="2" stroke-dasharray="${s.dash}"/></svg> ${esc(s.label)}</span>`).join('')));
   return card;
 }
 
