@@ -246,3 +246,25 @@ def test_held_out_chart_draws_only_mean_at_k_and_the_table_gives_its_error_and_p
         assert table_row["cells"]["arith/zero-shot/mean@2"] == [row["eval/arith/zero-shot/mean@2"],
                                                                  row["eval/arith/zero-shot/mean@2_stderr"],
                                                                  row["eval/arith/zero-shot/pass@2"]]
+
+
+def test_report_serve_serves_the_written_file_on_a_free_port(trained_run, tmp_path):
+    import sys
+    import urllib.request
+
+    out = tmp_path / "served.html"
+    proc = subprocess.Popen([sys.executable, "-m", "lanpo.cli", "report", str(trained_run), "--out", str(out),
+                             "--serve", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not any(line.startswith("Serving ") for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)  # the process ended before serving
+            lines.append(line)
+        url = re.search(r"(http://127\.0\.0\.1:\d+/served\.html)", lines[-1]).group(1)
+        assert not url.startswith("http://127.0.0.1:0/")
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.read() == out.read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

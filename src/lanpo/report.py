@@ -200,7 +200,7 @@ def serve(path: Path, port: int = 8000) -> None:
 
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(path.parent))
     with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
-        print(f"Serving http://127.0.0.1:{port}/{path.name} (Ctrl-C stops)", flush=True)
+        print(f"Serving http://127.0.0.1:{server.server_address[1]}/{path.name} (Ctrl-C stops)", flush=True)
         try:
             server.serve_forever()
         except KeyboardInterrupt:
