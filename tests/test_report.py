@@ -12,11 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from browser import CHROMIUM
 from lanpo.cli import main as lanpo
 from lanpo.pool import ExperiencePool
 from test_trainer import make_trainer, stub_summaries
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
 @pytest.fixture(scope="module")
@@ -117,51 +116,90 @@ def test_report_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     assert "metrics.jsonl" in capsys.readouterr().err
 
 
-def _chromium(url: str, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=5000", *flags, url],
-                          capture_output=True, text=True, timeout=120)
+def _many_groups(run: Path, tmp_path: Path) -> Path:
+    """A copy of ``run`` whose samples.jsonl repeats its groups at later steps: more groups than one page holds."""
+    copy = tmp_path / "many"
+    shutil.copytree(run, copy)
+    samples = rows(run / "samples.jsonl")
+    with (copy / "samples.jsonl").open("a") as f:
+        for k in range(1, 5):
+            f.writelines(json.dumps({**s, "step": s["step"] + 100 * k}) + "\n" for s in samples)
+    return copy
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it when apt-get can)")
-def test_report_in_headless_chromium_loads_cleanly_searches_the_pool_and_shows_rollouts(trained_run, tmp_path):
-    out = tmp_path / "report.html"
-    assert lanpo(["report", str(trained_run), "--out", str(out)]) == 0
-    pool = ExperiencePool(trained_run / "pool.sqlite", readonly=True)
-    entries = pool.entries()
-    pool.close()
-    target = entries[-1]
-    url = out.as_uri()
+def test_report_in_headless_chromium_a_user_searches_the_pool_and_clicks_through_the_rollouts(trained_run,
+                                                                                               tmp_path):
+    """Driven as a user drives it (real clicks, typed text) over the DevTools protocol: no console error or
+    uncaught exception on any tab, the search box finds exactly the entries whose text holds the query, the
+    rollouts' pager and filters work; screenshots saved (runs/test-screenshots/)."""
+    from browser import Browser
 
-    page = _chromium(url + "#tab=Pool&search=" + target.problem_id, "--dump-dom")
-    assert page.returncode == 0, page.stderr[-2000:]
-    console_errors = [line for line in page.stderr.splitlines() if "CONSOLE" in line and
-                      re.search(r"error|uncaught", line, re.I)]
-    assert not console_errors, console_errors
-    assert 'data-errors' not in page.stdout  # the page's own error counter never fired
-    shown = {int(i) for i in re.findall(r"entry #(\d+) · problem", page.stdout.replace("&middot;", "·"))}
+    run = _many_groups(trained_run, tmp_path)
+    out = tmp_path / "report.html"
+    assert lanpo(["report", str(run), "--out", str(out)]) == 0
+    with ExperiencePool(run / "pool.sqlite", readonly=True) as pool:
+        entries = pool.entries()
+    target = entries[-1]
     query = target.problem_id.lower()  # the page's filter: any of these fields contains the query
     expected = {e.id for e in entries if query in " ".join([e.problem, e.flow_of_thought, *e.principles, *e.pitfalls,
                                                               e.problem_id]).lower()}
-    assert target.id in shown and shown == expected and len(expected) < len(entries), (shown, expected)
-
-    rollouts = _chromium(url + "#tab=Rollouts", "--dump-dom")
-    assert "with feedback" in rollouts.stdout and "from scratch" in rollouts.stdout
-    sample = next(s for s in rows(trained_run / "samples.jsonl") if s["feedback"])
-    assert sample["kind"] in rollouts.stdout
-
-    curves = _chromium(url, "--dump-dom")
-    assert curves.stdout.count("<svg") >= 10 and "Held-out evaluation" in curves.stdout
-    evaluation = _chromium(url + "#tab=Evaluation", "--dump-dom")
-    assert "During training" in evaluation.stdout and "arith/zero-shot/mean@2" in evaluation.stdout
-    assert "±" in evaluation.stdout.replace("&plusmn;", "±")
-
-    shot = tmp_path / "report-pool.png"
-    _chromium(url + "#tab=Pool", f"--screenshot={shot}", "--window-size=1400,1000")
-    assert shot.is_file() and shot.stat().st_size > 10_000
     keep = Path(__file__).resolve().parents[1] / "runs" / "test-screenshots"
     keep.mkdir(parents=True, exist_ok=True)
-    shutil.copy(shot, keep / "report-pool.png")
+    shown_ids = "[...document.querySelectorAll('.entry h3')].map(h => +h.textContent.match(/entry #(\\d+)/)[1])"
+    with Browser() as browser:
+        browser.open(out.as_uri())
+        assert browser.js("document.querySelectorAll('svg[role=img]').length") >= 10
+        assert browser.js("document.getElementById('main').innerText").count("Held-out evaluation") == 1
+
+        browser.click("#tabs button", "Pool")
+        browser.wait_for("document.querySelector('.pool-search')")
+        assert set(browser.js(shown_ids)) == {e.id for e in entries}
+        browser.type(".pool-search", target.problem_id)
+        browser.wait_for(f"{shown_ids}.length === {len(expected)}")
+        assert set(browser.js(shown_ids)) == expected and target.id in expected and len(expected) < len(entries)
+        browser.screenshot(keep / "report-pool.png")
+
+        browser.click("#tabs button", "Rollouts")
+        browser.wait_for("document.querySelector('.group')")
+        assert "with feedback" in browser.js("document.getElementById('main').innerText")
+        groups = len({(s["step"], s["group"]) for s in rows(run / "samples.jsonl")})
+        pager = "document.querySelector('.pager').textContent"
+        assert f"{groups} shown" in browser.js(pager) and "page 1 of 3" in browser.js(pager)
+        first = browser.js("document.querySelector('.group h3').textContent")
+        browser.click(".pager button", "next")
+        browser.wait_for(f"{pager}.includes('page 2 of 3')")
+        assert browser.js("document.querySelector('.group h3').textContent") != first
+        browser.screenshot(keep / "report-rollouts.png")
+        browser.click(".pager button", "previous")
+        browser.wait_for(f"{pager}.includes('page 1 of 3')")
+
+        kinds = {s["kind"] for s in rows(run / "samples.jsonl") if s["feedback"]}
+        for kind in kinds:
+            browser.select("#main select", kind)
+            shown = browser.js("[...document.querySelectorAll('.group')].map(g => g.innerHTML)")
+            assert shown and all(f'class="kind {kind}"' in g for g in shown)
+        browser.select("#main select", "any kind")
+        browser.select("#main select", "none correct", index=1)
+        wanted = sum(not any(r["correct"] for r in g) for g in _by_group(rows(run / "samples.jsonl")).values())
+        assert f"{wanted} shown" in browser.js(pager)
+
+        browser.click("#tabs button", "Evaluation")
+        browser.wait_for("document.body.dataset.tab === 'Evaluation'")
+        text = browser.js("document.getElementById('main').innerText")
+        assert "During training" in text and "arith/zero-shot/mean@2" in text and "±" in text
+        assert not browser.errors(), browser.errors()
+
+        browser.open(out.as_uri() + "#tab=Pool&search=" + target.problem_id)  # a link to a search
+        assert set(browser.js(shown_ids)) == expected and not browser.errors()
+    assert (keep / "report-pool.png").stat().st_size > 10_000
+
+
+def _by_group(samples: list[dict]) -> dict:
+    groups: dict = {}
+    for s in samples:
+        groups.setdefault((s["step"], s["group"]), []).append(s)
+    return groups
 
 
 def test_demo_shows_a_pool_entry_and_a_feedback_rollout(trained_run):
