@@ -21,9 +21,10 @@ class Browser:
         to_chrome, self._out = os.pipe()  # Chromium reads commands on fd 3 ...
         self._in, from_chrome = os.pipe()  # ... and writes replies and events on fd 4
 
-        def wire() -> None:
-            os.dup2(to_chrome, 3)
-            os.dup2(from_chrome, 4)
+        def wire() -> None:  # in the child: the pipe ends onto fds 3 and 4, inheritable across exec
+            read, write = os.dup(to_chrome), os.dup(from_chrome)  # free fds above both (either may be 3 or 4)
+            os.dup2(read, 3)
+            os.dup2(write, 4)
 
         self.proc = subprocess.Popen(
             [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
