@@ -71,7 +71,7 @@ def _eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="evaluate a model: mean@k / pass@k in zero-shot, retrieval and self-correct modes",
                        description="Sample k completions per problem and report accuracy mean@k (± standard error), "
                                    "pass@k, mean length and truncation rate; every completion is saved.")
-    p.add_argument("--model", default="smollm2-135m", help="hub id, local dir, .gguf file, run dir, smollm2-135m (default)")
+    p.add_argument("--model", default="smollm2-135m", help="hub id, local dir, .gguf, run dir, smollm2-135m (default)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--data", help="data spec: builtin:arith?split=test, a preset, a .jsonl/.json/.parquet file, or "
                                     "a hub name (default: builtin:arith?split=test)")
@@ -355,7 +355,7 @@ def _sft_data_parser(sub) -> None:
     p.add_argument("--n", type=at_least(1), default=3000, help="examples to build in all (default 3000)")
     p.add_argument("--mix", type=skill_mix, default=[1.0, 1.0, 1.0],
                    help="shares of summarize,reflect,feedback (default 1,1,1)")
-    p.add_argument("--tries", type=at_least(1), default=4, help="teacher tries per example (default 4)")
+    p.add_argument("--tries", type=at_least(1), default=4, help="teacher tries, then the example drops (default 4)")
     p.add_argument("--batch-size", type=at_least(1), default=16, help="problems per round (default 16)")
     p.add_argument("--temperature", type=at_least(0.0, float), default=0.7)
     p.add_argument("--max-new-tokens", type=at_least(1), default=384)
@@ -372,7 +372,7 @@ def cmd_sft_data(args) -> int:
     from .sft_data import EndpointTeacher, build_sft_data
 
     mix = args.mix
-    problems = load_problems(args.data, split=args.split or training_split(args.data), limit=args.limit,
+    problems = load_problems(args.data, split=training_split(args.data, args.split), limit=args.limit,
                              **_field_kwargs(args))
     if args.teacher_url:
         teacher = EndpointTeacher(args.teacher_url, args.teacher, temperature=args.temperature,

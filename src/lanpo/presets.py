@@ -39,12 +39,13 @@ PRESETS: dict[str, Preset] = {
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
 
 
-def training_split(spec: str) -> str | None:
-    """The split training reads from a preset when none is named: its train split when it has one. (A preset's own
-    ``split`` is the evaluation default: ``test`` for GSM8K, whose test split training must not read unasked.)"""
+def training_split(spec: str, split: str | None = None) -> str | None:
+    """The split training reads: the one named, else a preset's train split when it has one (a preset's own ``split``
+    is the evaluation default: ``test`` for GSM8K, whose test split training must not read unasked); None leaves
+    the choice to the loader (builtin:arith's train split, a hub set's ``train``, a file)."""
     preset = PRESETS.get(spec)
-    if preset is None:
-        return None
+    if split or preset is None:
+        return split
     return "train" if "train" in preset.local else preset.split
 
 

@@ -273,12 +273,12 @@ function chart(title, series, empty) {
 function curves(main) {
   if (DATA.runs.length > 1) main.appendChild(el('div', {className: 'muted'}, 'Runs: ' + DATA.runs.map((r, i) => `${esc(r.name)} (${DASHES[i % 4] ? 'dash ' + (i + 1) : 'solid'})`).join(', ')));
   const grid = el('div', {className: 'grid'}); main.appendChild(grid);
+  const evals = DATA.runs.reduce((n, run) => n + run.evals.length, 0);  // evaluations in the run directories
   DATA.panels.forEach(([title, keys]) => {
     const series = [];
     DATA.runs.forEach((run, r) => {
       keys.forEach((k, i) => { if (run.metrics[k]) series.push({label: (DATA.runs.length > 1 ? run.name + ': ' : '') + k, points: run.metrics[k], color: COLORS[i % COLORS.length], dash: DASHES[r % DASHES.length]}); });
     });
-    const evals = DATA.runs.reduce((n, run) => n + run.evals.length, 0);
     const empty = title.startsWith('Held-out') && evals ? `no evaluation during training (--eval_every N); ${evals} evaluation(s) in the run directory: see the Evaluation tab` : '';
     grid.appendChild(chart(title, series, empty));
   });

@@ -294,7 +294,7 @@ def run(argv: list[str]) -> Path:
         if constants.HF_HUB_OFFLINE:
             raise RuntimeError("push_to_hub needs the Hugging Face hub, but this machine is offline (HF_HUB_OFFLINE "
                                "is set): drop --push_to_hub, and push RUN/final later.")
-    problems = load_problems(train_args.data, split=train_args.data_split or training_split(train_args.data),
+    problems = load_problems(train_args.data, split=training_split(train_args.data, train_args.data_split),
                              limit=train_args.data_limit,
                              data_dir=train_args.data_dir, problem_field=train_args.problem_field,
                              answer_field=train_args.answer_field, id_field=train_args.id_field,

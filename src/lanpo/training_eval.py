@@ -39,7 +39,7 @@ def held_out_benchmark(data: str, split: str | None = None) -> str | None:
             return None
         kept = [f"{k}={v}" for k, v in options.items() if k not in ("split", "n")]
         return f"{name}?{'&'.join([*kept, 'split=test'])}"
-    return HELD_OUT.get(data) if (split or training_split(data)) == "train" else None
+    return HELD_OUT.get(data) if training_split(data, split) == "train" else None
 
 
 def load_eval_problems(specs: str | None, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
