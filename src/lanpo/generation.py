@@ -56,23 +56,40 @@ def left_pad(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Ten
 
 
 class SampledLogprobs:
-    """A logits processor that records, per row, the log-probability of each token the sampler drew.
+    """Records, per row, the log-probability of each token the sampler drew, as TRL's training forward defines it:
+    log_softmax(logits / temperature) of the model's raw logits, before any logits processor (repetition penalty,
+    ``min_new_tokens``, bad words, suppressed tokens) and before top-k / top-p.
 
-    ``generate`` runs user processors after its penalties and before its sampling warpers, so the recorded value is
-    log_softmax(scores / temperature) at the drawn token: TRL's own definition of π(y|·) (logits / temperature, no
-    top-k / top-p renormalization). Only one step's log-softmax is held at a time. Call :meth:`finish` with the
-    returned sequences to read the values: ``(rows, generated tokens)``.
+    The raw logits come from a forward hook on the model (``generate`` calls the model, then its processors); the
+    object itself is a logits processor that only tells which token was drawn from the previous step's logits.
+    Only one step's log-softmax is held at a time. Use it as a context manager around ``generate`` (the hook is
+    removed after) and call :meth:`finish` with the returned sequences: ``(rows, generated tokens)``.
     """
 
-    def __init__(self, temperature: float = 1.0) -> None:
+    def __init__(self, model, temperature: float = 1.0) -> None:
         self.temperature = temperature or 1.0
+        self._module = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: the model
+        self._hook = None
+        self._raw: torch.Tensor | None = None
         self._previous: torch.Tensor | None = None
         self._values: list[torch.Tensor] = []
+
+    def __enter__(self) -> SampledLogprobs:
+        self._hook = self._module.register_forward_hook(self._record_logits)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hook.remove()
+
+    def _record_logits(self, module, args, output) -> None:
+        logits = output.logits if hasattr(output, "logits") else output[0]
+        self._raw = logits[:, -1, :]
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self._previous is not None:  # input_ids now end with the token drawn from the previous scores
             self._values.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._previous = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        raw = self._raw if self._raw is not None and self._raw.shape == scores.shape else scores
+        self._previous, self._raw = torch.log_softmax(raw.float() / self.temperature, dim=-1), None
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -85,15 +102,16 @@ class SampledLogprobs:
 def sample_with_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config,
                          eos_token_ids: list[int]) -> tuple[list[list[int]], list[list[float]]]:
     """``model.generate`` on left-padded prompts; per row the completion up to and including its first stop token,
-    and the sampler's log-probability of each of those tokens."""
+    and the sampler's log-probability of each of those tokens (:class:`SampledLogprobs`)."""
     from transformers import LogitsProcessorList
 
-    recorder = SampledLogprobs(generation_config.temperature if generation_config.do_sample else 1.0)
     cache = None if getattr(generation_config, "cache_implementation", None) else \
         prefill_in_buckets(model, input_ids, attention_mask)
-    sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=generation_config,
-                               logits_processor=LogitsProcessorList([recorder]),
-                               **({"past_key_values": cache} if cache is not None else {}))
+    with SampledLogprobs(model, generation_config.temperature if generation_config.do_sample else 1.0) as recorder:
+        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                   generation_config=generation_config,
+                                   logits_processor=LogitsProcessorList([recorder]),
+                                   **({"past_key_values": cache} if cache is not None else {}))
     logprobs = recorder.finish(sequences).cpu()
     completions, values = [], []
     for ids, lps in zip(sequences[:, input_ids.size(1):].cpu().tolist(), logprobs.tolist()):
