@@ -76,22 +76,28 @@ def test_lessons_are_scrubbed_of_their_own_answer_in_every_form_and_answer_only_
 words = st.text(alphabet=string.ascii_letters + string.digits + " +-=.,", min_size=0, max_size=60)
 
 
+plain_words = st.text(alphabet=string.ascii_letters + " +-=.,", min_size=0, max_size=60)  # no digits
+ANSWER_TALK = ["the answer is {gold}", "\\boxed{{{gold}}}", "so the final answer is {gold}.",
+               "reward: 1", "the answer was correct", "gold answer here"]
+
+
 @settings(max_examples=200, deadline=None)
 @given(gold=st.integers(min_value=0, max_value=999).map(str), attempt=words,
-       lessons=st.lists(st.one_of(words, st.sampled_from(["reward: 1", "the answer was correct", "the answer is 5",
-                                                           "gold answer here", "\\boxed{{3}}"])),
-                        min_size=1, max_size=6))
+       lessons=st.lists(st.one_of(plain_words, st.sampled_from(ANSWER_TALK)), min_size=1, max_size=6))
 def test_no_feedback_context_talks_about_grades_or_states_an_answer(gold, attempt, lessons):
+    """Lessons of other problems that state an answer (here: the current problem's gold, the worst case) or talk
+    about grades never reach an abstraction context; a reflection shows the attempt and nothing that grades it."""
     problem = "What is the value?"
+    lessons = [x.format(gold=gold) for x in lessons]
     entries = [PoolEntry(problem_id=f"o{i}", problem="other", flow_of_thought="", principles=[x], pitfalls=[x])
                for i, x in enumerate(lessons)]
     result = build_abstraction_prompt(problem, entries, problem_id="me")
     if result.messages is not None:
         text = result.messages[0]["content"]
-        assert not leakage_problems(text, None, [problem]) and "\\boxed{3}" not in text
+        assert not leakage_problems(text, gold, [problem]), text
     context = build_reflection_prompt(problem, [attempt])
     if attempt.strip():
-        assert not leakage_problems(context.messages[0]["content"], None, [problem, attempt])
+        assert not leakage_problems(context.messages[0]["content"], gold, [problem, attempt])
     else:
         assert context.messages is None
 

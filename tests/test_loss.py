@@ -3,6 +3,8 @@ micro-batches bucketed by prompt length give the same loss and gradients as TRL'
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from trl.trainer.utils import split_tensor_dict
@@ -29,7 +31,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
                            strip_ratio_clip=1e6)  # no clipping: compare the raw ratios
     stub_summaries(trainer)
     checked = {"rows": 0, "tokens": 0}
-    attach = trainer._attach_context_logps
+    attach = trainer._attach_feedback_inputs
 
     def attach_and_reference(output):
         attach(output)
@@ -44,7 +46,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
             checked["rows"] += int(feedback.any(1).sum())
         output["test_reference_context"] = torch.where(feedback, reference, torch.full_like(reference, float("nan")))
 
-    trainer._attach_context_logps = attach_and_reference
+    trainer._attach_feedback_inputs = attach_and_reference
     compute_loss, strip_weights, seen = trainer._compute_loss, lanpo.loss.objective.strip_weights, []
 
     def loss_with_reference(model, inputs):
@@ -86,9 +88,24 @@ def test_strip_mode_falls_back_to_a_forward_when_a_generator_reports_no_log_prob
     stub_summaries(trainer)
     original = trainer._generate_ids
     trainer._generate_ids = lambda ids: (original(ids)[0], None)
+    attach, checked = trainer._attach_feedback_inputs, []
+
+    def attach_and_check(output):
+        attach(output)
+        rows = trainer._rows
+        assert all(r.sampler_logps is None for r in rows)
+        reference = _forward(trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"],
+                             output["completion_mask"])
+        feedback = torch.tensor([r.has_feedback for r in rows])[:, None] & output["completion_mask"].bool()
+        assert feedback.any()
+        assert (output["lanpo_context_logps"][feedback] - reference[feedback]).abs().max() < LOGP_TOL
+        scratch = ~torch.tensor([r.has_feedback for r in rows])
+        assert torch.isnan(output["lanpo_context_logps"][scratch]).all()
+        checked.append(int(feedback.sum()))
+
+    trainer._attach_feedback_inputs = attach_and_check
     trainer.train()
-    means = [h["lanpo/strip_weight_mean"] for h in trainer.state.log_history if "lanpo/strip_weight_mean" in h]
-    assert means and all(0 < m <= trainer.args.strip_ratio_clip for m in means)
+    assert len(checked) == 2
 
 
 def _generation_batch(trainer, rows=16, seed=0):
@@ -180,3 +197,178 @@ def test_prefill_in_buckets_continues_exactly_as_one_padded_prefill(tiny_model_d
     assert bucketed[0] == plain[0]
     for a, b in zip(bucketed[1], plain[1]):
         assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
+
+
+# -- feedback rows in the loss: every context_in_loss choice against a hand-written formula --------------------------
+
+CHOICES = ["strip", "strip-sequence", "shaped", "unweighted", "keep"]
+GRAD_TOL = dict(rtol=1e-4, atol=1e-6)  # fp32 on CPU: the same forward, summed in another order
+
+
+def _feedback_batch(trainer, mode, seed=0, stale=False):
+    """A hand-made micro-batch with feedback rows (2 of every 4) and, for the strip family, a sampler π(y|x,c)
+    that differs from π(y|x) by up to ±2 nats a token."""
+    batch = _generation_batch(trainer, rows=8, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    batch["lanpo_has_feedback"] = torch.tensor([False, False, True, True] * 2)
+    plain = _forward_logps(trainer, batch)
+    if mode != "keep":
+        noise = 4 * torch.rand(plain.shape, generator=g) - 2
+        context = torch.where(batch["lanpo_has_feedback"][:, None], plain + noise, torch.full_like(plain, float("nan")))
+        batch["lanpo_context_logps"] = context
+    if stale:  # a later iteration over the same generation: π_old differs from π_θ, so TRL's clip can bind
+        batch["old_per_token_logps"] = plain + 0.3 * torch.randn(plain.shape, generator=g)
+    return batch
+
+
+def _forward_logps(trainer, batch, grad=False):
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    with torch.set_grad_enabled(grad):
+        logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1:-1]
+    logps = torch.log_softmax(logits.float() / trainer.args.temperature, -1)
+    return logps.gather(-1, batch["completion_ids"][..., None]).squeeze(-1)
+
+
+def _reference_loss(trainer, batch, mode):
+    """The objective written out by hand (TRL's dapo normalization, one process): PPO-clipped surrogate with the
+    choice's weight on feedback rows (or −A·π/(π+γ) for shaped), plus β times k3·ratio on rows sampled under
+    their own prompt and w·½r² on feedback rows sampled under a context."""
+    args = trainer.args
+    logp = _forward_logps(trainer, batch, grad=True)
+    old = batch.get("old_per_token_logps", logp.detach())
+    mask, ref = batch["completion_mask"].float(), batch["ref_per_token_logps"]
+    feedback = batch["lanpo_has_feedback"][:, None] & mask.bool()
+    advantages = batch["advantages"][:, None].expand_as(logp)
+    ratio = torch.exp(logp - old)
+    if mode != "keep":
+        log_w = torch.where(feedback, old - batch["lanpo_context_logps"], torch.zeros_like(old))
+        token_w = torch.exp(log_w).clamp(max=args.strip_ratio_clip)
+        if mode == "strip":
+            advantages = advantages * token_w
+        elif mode == "strip-sequence":
+            seq = torch.exp(log_w.sum(1, keepdim=True) / feedback.sum(1, keepdim=True).clamp(min=1))
+            advantages = torch.where(feedback, advantages * seq.clamp(max=args.strip_ratio_clip), advantages)
+    clipped = ratio.clamp(1 - args.epsilon, 1 + (args.epsilon_high or args.epsilon))
+    policy = -torch.min(ratio * advantages, clipped * advantages)
+    if mode == "shaped":
+        pi = torch.exp(logp)
+        policy = torch.where(feedback, -advantages * pi / (pi + args.shaping_gamma), policy)
+    r = ref - logp
+    if mode == "keep":
+        kl = (torch.exp(r) - r - 1) * ratio
+    else:  # k3 only where it applies: an exp(100) poisons the gradient even where torch.where discards it
+        r_k3 = torch.where(feedback, 0.0, r)
+        kl = torch.where(feedback, token_w * 0.5 * r * r, (torch.exp(r_k3) - r_k3 - 1) * ratio)
+    per_token = policy + args.beta * kl
+    normalizer = float(batch["num_items_in_batch"]) * trainer.current_gradient_accumulation_steps / \
+        args.steps_per_generation
+    return (per_token * mask).sum() / normalizer
+
+
+def _lanpo_loss_and_grads(trainer, batch):
+    trainer.model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, batch)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()]
+
+
+def _reference_loss_and_grads(trainer, batch, mode):
+    trainer.model.zero_grad()
+    loss = _reference_loss(trainer, batch, mode)
+    loss.backward()
+    return loss.detach(), [p.grad.clone() for p in trainer.model.parameters()]
+
+
+def _loss_trainer(tiny_model_dir, tmp_path, mode, **overrides):
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, beta=0.1, **overrides)
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.model.train()
+    return trainer
+
+
+@pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale-old-logps"])
+@pytest.mark.parametrize("mode", CHOICES)
+def test_every_context_in_loss_choice_gives_the_loss_and_gradients_of_its_formula(tiny_model_dir, tmp_path, mode,
+                                                                                   stale):
+    trainer = _loss_trainer(tiny_model_dir, tmp_path, mode, strip_ratio_clip=1.5)
+    batch = _feedback_batch(trainer, mode, stale=stale)
+    loss, grads = _lanpo_loss_and_grads(trainer, batch)
+    expected, expected_grads = _reference_loss_and_grads(trainer, batch, mode)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-4, abs=1e-6)
+    assert any(float(g.abs().max()) > 0 for g in grads)
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, **GRAD_TOL)
+
+
+@pytest.mark.parametrize("r", [30.0, 100.0])
+@pytest.mark.parametrize("mode", [m for m in CHOICES if m != "keep"])
+def test_a_feedback_token_far_from_the_reference_gives_a_finite_loss_and_gradient(tiny_model_dir, tmp_path, mode, r):
+    """r = log π_ref − log π_θ of 30 and 100 on one feedback token: TRL's bias-corrected k3 has gradient 0 at the
+    first and NaN at the second; the feedback KL's is −w·r, and the whole loss follows the formula."""
+    trainer = _loss_trainer(tiny_model_dir, tmp_path, mode)
+    batch = _feedback_batch(trainer, mode)
+    plain = _forward_logps(trainer, batch)
+    row, token = 2, 0  # a feedback row's first completion token
+    assert batch["lanpo_has_feedback"][row] and batch["completion_mask"][row, token]
+    batch["ref_per_token_logps"][row, token] = plain[row, token] + r
+    loss, grads = _lanpo_loss_and_grads(trainer, batch)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
+    expected, expected_grads = _reference_loss_and_grads(trainer, batch, mode)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-4)
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "luspo"])
+def test_lanpo_kl_on_rows_sampled_under_their_own_prompt_is_trl_s(tiny_model_dir, tmp_path, loss_type):
+    """A micro-batch whose rows are all scratch rows, through LANPO's path (TRL's loss at β = 0 plus LANPO's KL
+    term), equals TRL's own loss with its KL, for every loss normalization."""
+    trainer = _loss_trainer(tiny_model_dir, tmp_path, "strip", loss_type=loss_type, num_generations=4,
+                            gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    trainer.current_gradient_accumulation_steps = 2
+    batch = _generation_batch(trainer, rows=8)
+    batch["old_per_token_logps"] = batch["ref_per_token_logps"] + 0.05  # ratio ≠ 1: bias correction matters
+    expected, expected_grads = _lanpo_loss_and_grads(trainer, batch)  # no feedback flag: TRL's loss untouched
+    flagged = dict(batch, lanpo_has_feedback=torch.zeros(8, dtype=torch.bool),
+                   lanpo_context_logps=torch.full(batch["completion_mask"].shape, float("nan")))
+    loss, grads = _lanpo_loss_and_grads(trainer, flagged)
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
+    for got, want in zip(grads, expected_grads):
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("mode", CHOICES)
+def test_a_short_high_learning_rate_run_logs_finite_loss_grad_norm_and_kl_split_at_every_step(tiny_model_dir,
+                                                                                             tmp_path, mode):
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=4, learning_rate=0.05,
+                           beta=0.1)
+    stub_summaries(trainer)
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
+    assert len(logged) == 4
+    for key in ("loss", "grad_norm", "kl", "kl/scratch", "kl/feedback"):
+        values = [h.get(key) for h in logged]
+        assert all(v is not None and math.isfinite(v) for v in values), (key, values)
+    assert max(h["kl"] for h in logged) > 0  # the policy left the reference
+
+
+def test_sampler_log_probabilities_are_logits_over_temperature_before_any_processor(tiny_model_dir):
+    """Repetition penalty and a forced minimum length change the sampler's scores, not π(y|·): the recorded
+    log-probabilities equal log_softmax(logits / T) of a plain forward, TRL's definition."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    import lanpo.generation as generation
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    torch.manual_seed(0)
+    prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [20, 21]]
+    ids, mask = left_pad(prompts, 0)
+    config = GenerationConfig(max_new_tokens=10, min_new_tokens=10, do_sample=True, temperature=0.7,
+                              repetition_penalty=1.8, pad_token_id=0, eos_token_id=[2])
+    completions, logprobs = generation.sample_with_logprobs(model, ids, mask, config, [2])
+    for prompt, completion, recorded in zip(prompts, completions, logprobs):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+        expected = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        assert torch.allclose(torch.tensor(recorded), expected, atol=LOGP_TOL)

@@ -7,7 +7,18 @@ import math
 import pytest
 import torch
 
-from lanpo.objective import separate_advantages, strip_weights, weight_advantages
+from lanpo.objective import (
+    LossScale,
+    aggregate,
+    feedback_kl,
+    scratch_baseline_advantages,
+    separate_advantages,
+    sequence_strip_weights,
+    shaped_policy_loss,
+    strip_weights,
+    trl_k3,
+    weight_advantages,
+)
 from lanpo.rollout import Row, choose_trials, make_rows, plan_group
 
 ONE = torch.tensor([1.0])
@@ -69,6 +80,92 @@ def test_strip_weights_are_the_clipped_probability_ratio_and_one_on_padding():
     assert torch.allclose(weights, torch.tensor([[0.5, 2.0, 1.0], [1.0, 1.0, 1.0]]), atol=1e-6)
     assert torch.allclose(weight_advantages(torch.tensor([2.0, -1.0]), weights),
                           torch.tensor([[1.0, 4.0, 2.0], [-1.0, -1.0, -1.0]]), atol=1e-6)
+
+
+def test_sequence_strip_weights_are_the_clipped_geometric_mean_of_the_row_and_one_elsewhere():
+    plain = torch.log(torch.tensor([[0.2, 0.5, 0.9], [0.3, 0.3, 0.3], [0.9, 0.9, 0.9]]))
+    context = torch.log(torch.tensor([[0.4, 0.1, 0.9], [0.3, 0.3, 0.3], [0.1, 0.1, 0.1]]))
+    context[1] = float("nan")  # a scratch row
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    weights = sequence_strip_weights(plain, context, mask, clip=2.0)
+    geometric = math.sqrt(0.5 * 5.0)  # ratios 0.5 and 5 over the row's two tokens
+    assert torch.allclose(weights[0], torch.tensor([geometric, geometric, 1.0]), atol=1e-5)
+    assert torch.equal(weights[1], torch.ones(3))
+    assert torch.allclose(weights[2], torch.full((3,), 2.0))  # ratio 9 clipped at 2
+
+
+def test_shaped_loss_is_minus_advantage_times_pi_over_pi_plus_gamma_and_its_gradient_is_the_shaped_one():
+    probs = torch.tensor([[0.01, 0.5, 0.99]])
+    logps = torch.log(probs).requires_grad_()
+    loss = shaped_policy_loss(logps, torch.tensor([2.0]), gamma=0.1)
+    assert torch.allclose(loss, -2.0 * probs / (probs + 0.1), atol=1e-6)
+    loss.sum().backward()
+    # d/dlogπ of −A·π/(π+γ) = −A·γπ/(π+γ)²: largest for improbable tokens relative to π, vanishing as π → 1
+    assert torch.allclose(logps.grad, -2.0 * 0.1 * probs / (probs + 0.1) ** 2, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("r", [0.5, 5.0, 30.0, 100.0, -100.0])
+def test_feedback_kl_value_and_gradient_are_finite_and_follow_the_formula_for_any_r(dtype, r):
+    logps = torch.tensor([-1.0 - max(r, 0.0)], dtype=dtype, requires_grad=True)
+    ref = (logps.detach() + r).to(dtype)
+    weight = torch.tensor([0.75], dtype=dtype)
+    kl = feedback_kl(ref, logps, weight)
+    kl.sum().backward()
+    r_exact = float(ref.float() - logps.detach().float())
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # bf16 keeps 8 bits of mantissa
+    assert torch.isfinite(kl).all() and torch.isfinite(logps.grad).all()
+    assert float(kl.detach()) == pytest.approx(0.75 * 0.5 * r_exact**2, rel=tolerance)
+    assert float(logps.grad) == pytest.approx(-0.75 * r_exact, rel=tolerance)
+
+
+def test_trl_k3_with_bias_correction_loses_its_gradient_and_then_turns_nan_far_off_policy():
+    """Why feedback rows need their own KL: TRL's expression, gradient −r analytically, is 0 at r = 30 and NaN at
+    r = 100 in fp32; on-policy (r small) it agrees with feedback_kl's gradient."""
+    grads = {}
+    for r in (0.3, 30.0, 100.0):
+        logps = torch.tensor([-120.0], requires_grad=True)
+        old = logps.detach()
+        k3 = trl_k3(logps.detach() + r, logps, torch.exp(logps - old))
+        k3.sum().backward()
+        grads[r] = float(logps.grad)
+    assert grads[0.3] == pytest.approx(-0.3, rel=1e-3)
+    assert grads[30.0] == 0.0 and math.isnan(grads[100.0])
+
+
+def test_scratch_baseline_centres_feedback_rows_on_the_scratch_mean_by_value():
+    rewards = col(0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0)
+    flags = [False, False, True, True, False, False, True, True]
+    adv = scratch_baseline_advantages(rewards, ONE, flags, group_size=4, scale_rewards="group")
+    group1_std = torch.tensor([0.0, 0.0, 1.0, 1.0]).std()
+    # group 1: scratch rows agree (all 0): scratch advantages 0, right feedback rows +1 / group std
+    assert torch.allclose(adv[:4], torch.tensor([0.0, 0.0, 1 / (group1_std + 1e-4), 1 / (group1_std + 1e-4)]),
+                          atol=1e-4)
+    # group 2: scratch mean 0.5, scratch std of [1, 0]; feedback rows against 0.5 over the group's std
+    scratch_std, group2_std = torch.tensor([1.0, 0.0]).std(), torch.tensor([1.0, 0.0, 1.0, 0.0]).std()
+    expected = torch.tensor([0.5 / (scratch_std + 1e-4), -0.5 / (scratch_std + 1e-4), 0.5 / (group2_std + 1e-4),
+                             -0.5 / (group2_std + 1e-4)])
+    assert torch.allclose(adv[4:], expected, atol=1e-4)
+    unscaled = scratch_baseline_advantages(rewards, ONE, flags, group_size=4, scale_rewards="none")
+    assert torch.allclose(unscaled, torch.tensor([0.0, 0.0, 1.0, 1.0, 0.5, -0.5, 0.5, -0.5]))
+
+
+def test_scratch_baseline_gives_zero_where_no_scratch_row_was_scored():
+    rewards = col(float("nan"), 1.0, 0.0, float("nan"))
+    adv = scratch_baseline_advantages(rewards, ONE, [False, True, True, False], group_size=4)
+    assert torch.equal(adv, torch.zeros(4))
+
+
+@pytest.mark.parametrize("loss_type,expected", [
+    ("grpo", ((3 / 2 + 5 / 1) / 2) / 2), ("bnpo", (8 / 3) / 2), ("dr_grpo", 8 / (2 * 10) / 2),
+    ("dapo", 8 / (12 / 2 * 2 / 4)), ("luspo", (3 + 5) / 2 / 2),
+])
+def test_aggregate_normalizes_a_micro_batch_as_trl_does(loss_type, expected):
+    per_token = torch.tensor([[1.0, 2.0, 7.0], [5.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    scale = LossScale(loss_type, accumulation_steps=2, max_completion_length=10, num_items_in_batch=12,
+                      num_processes=2, steps_per_generation=4)
+    assert float(aggregate(per_token, mask, scale)) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("g,p,share,expected", [

@@ -155,6 +155,8 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     ("feedback_schedule", "linear", "feedback_warmup_steps"),
     ("summaries_per_group", 9, "summaries_per_group"),
     ("summary_max_length", 0, "summary_max_length must be >= 1"),
+    ("shaping_gamma", 0.0, "shaping_gamma must be > 0"),
+    ("advantage_grouping", "vibes", "advantage_grouping must be one of"),
 ])
 def test_invalid_config_fails_before_any_model_loads(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
@@ -222,10 +224,8 @@ def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
     assert max(steps) == 3
 
 
-@pytest.mark.slow
-def test_two_processes_share_one_pool(tiny_model_dir, tmp_path):
+def _launch_two_processes(model_dir, out, *extra) -> Path:
     script = Path(__file__).parent / "multiprocess_run.py"
-    out = tmp_path / "mp"
     # `--cpu` would make accelerate start a single process; `--multi_gpu` starts two through torchrun, which use
     # gloo on a machine without GPUs (and the config's use_cpu=True keeps them on the CPU elsewhere).
     from test_runs import free_port
@@ -233,12 +233,58 @@ def test_two_processes_share_one_pool(tiny_model_dir, tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", str(free_port()),
            "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
-           str(tiny_model_dir), str(out)]
+           str(model_dir), str(out), *extra]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_pool(tiny_model_dir, tmp_path):
+    out = _launch_two_processes(tiny_model_dir, tmp_path / "mp")
     digests = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert digests[0]["world_size"] == 2
     assert digests[0]["digest"] == digests[1]["digest"] and digests[0]["entries"] > 0
+
+
+@pytest.mark.slow
+def test_separate_and_scratch_baseline_advantages_on_two_processes_equal_one_process(tiny_model_dir, tmp_path):
+    """Each process normalizes over the whole gathered batch (scale_rewards=batch spans both), so its rows'
+    advantages are those one process computes from the same rollouts."""
+    from lanpo import objective
+
+    out = _launch_two_processes(tiny_model_dir, tmp_path / "mp", "separate,scratch-baseline")
+    for grouping in ("separate", "scratch-baseline"):
+        ranks = [json.loads((out / f"{grouping}-rank{r}.json").read_text()) for r in (0, 1)]
+        assert len(ranks[0]["steps"]) == 2
+        weights = torch.tensor(ranks[0]["weights"])
+        for step0, step1 in zip(ranks[0]["steps"], ranks[1]["steps"]):
+            assert step0["rewards"] == step1["rewards"] and step0["flags"] == step1["flags"]
+            rewards, flags = torch.tensor(step0["rewards"]), step0["flags"]
+            assert any(flags) and not all(flags)
+            if grouping == "separate":
+                one_process = objective.separate_advantages(rewards, weights, flags, 4, "batch")
+            else:
+                one_process = objective.scratch_baseline_advantages(rewards, weights, flags, 4, "batch")
+            both = torch.tensor(step0["advantages"] + step1["advantages"])
+            assert torch.allclose(both, one_process, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["strip", "strip-sequence", "shaped", "unweighted"])
+@pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_k=20), dict(min_p=0.05), dict(repetition_penalty=1.1),
+                                     dict(generation_kwargs={"presence_penalty": 0.5})], ids=str)
+def test_vllm_settings_that_reshape_its_log_probabilities_are_refused_where_feedback_rows_are_stripped(tmp_path, mode,
+                                                                                                    setting):
+    with pytest.raises(ValueError, match="log_softmax\\(logits / temperature\\)"):
+        LanpoConfig(**common(tmp_path, context_in_loss=mode, use_vllm=True, **setting))
+    LanpoConfig(**common(tmp_path, context_in_loss="keep", use_vllm=True, **setting))  # on-policy: TRL's business
+    LanpoConfig(**common(tmp_path, context_in_loss=mode, **setting))  # HF records before every processor
+
+
+def test_scratch_baseline_refuses_per_function_normalization(tmp_path):
+    with pytest.raises(ValueError, match="sum_then_normalize"):
+        LanpoConfig(**common(tmp_path, advantage_grouping="scratch-baseline",
+                             multi_objective_aggregation="normalize_then_sum"))
 
 
 @pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -275,17 +321,69 @@ def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_
     assert calls == [8]  # every row in one batch: no second phase
 
 
-def test_separate_advantage_grouping_trains_end_to_end(tiny_model_dir, tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, advantage_grouping="separate", max_steps=1)
-    trainer.train()
-    assert history(trainer, "loss")
+def _expected_advantages(rewards: torch.Tensor, flags: list[bool], grouping: str, g: int) -> torch.Tensor:
+    """The grouping's advantages written out by hand (one reward function, scale_rewards=group)."""
+    expected = torch.zeros(len(flags))
+    for start in range(0, len(flags), g):
+        r, f = rewards[start:start + g], torch.tensor(flags[start:start + g])
+        scratch = r[~f]
+        for kind in (False, True):
+            sub = r[f == kind]
+            if grouping == "separate":
+                values = (sub - sub.mean()) / (sub.std() + 1e-4) if len(sub) >= 2 else torch.zeros(len(sub))
+            elif kind:  # scratch-baseline, feedback rows: against the scratch mean, over the group's std
+                values = (sub - scratch.mean()) / (r.std() + 1e-4)
+            else:
+                values = (sub - scratch.mean()) / (sub.std() + 1e-4) if len(sub) >= 2 else torch.zeros(len(sub))
+            expected[start:start + g][f == kind] = values
+    return expected
 
 
-def test_strip_weights_never_exceed_the_clip(tiny_model_dir, tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="strip", strip_ratio_clip=1.5, max_steps=2)
+@pytest.mark.parametrize("grouping", ["separate", "scratch-baseline"])
+def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir, tmp_path, grouping):
+    trainer = make_trainer(tiny_model_dir, tmp_path, advantage_grouping=grouping, feedback_ratio=0.5, max_steps=2)
+    stub_summaries(trainer)
+    seen, after = [], trainer._after_rollouts
+
+    def capture(output):
+        shared = output["advantages"].clone()
+        after(output)
+        seen.append((shared, output["advantages"].clone(), trainer._rewards_per_func[:, 0].clone(),
+                     [r.has_feedback for r in trainer._rows]))
+
+    trainer._after_rollouts = capture
     trainer.train()
-    means = history(trainer, "lanpo/strip_weight_mean")
-    assert means and all(0 < m <= 1.5 for m in means)
+    assert len(seen) == 2
+    for _, advantages, rewards, flags in seen:
+        assert any(flags) and not all(flags)
+        assert torch.allclose(advantages, _expected_advantages(rewards, flags, grouping, 4), atol=1e-4)
+    assert any(not torch.allclose(shared, advantages) for shared, advantages, _, _ in seen)  # not TRL's shared
+
+
+def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_exceeds_the_clip(tiny_model_dir,
+                                                                                                tmp_path):
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="strip", strip_ratio_clip=1.0, max_steps=2,
+                           temperature=0.7)
+    stub_summaries(trainer)
+    applied, reweight = [], trainer._reweight
+
+    def checked(capture, inputs):
+        before = inputs["advantages"].clone()
+        reweight(capture, inputs)
+        applied.append((before, inputs["advantages"].clone(), capture.old.clone(), capture.context.clone(),
+                        inputs["completion_mask"].bool()))
+
+    trainer._reweight = checked
+    trainer.train()
+    clipped = 0
+    for before, after, old, context, mask in applied:
+        feedback = torch.isfinite(context) & mask
+        ratio = torch.exp(old - context)
+        weights = after / before[:, None]
+        assert torch.allclose(weights[feedback], ratio[feedback].clamp(max=1.0), rtol=1e-4)
+        assert torch.allclose(weights[~feedback & mask], torch.ones_like(weights[~feedback & mask]))
+        clipped += int((ratio[feedback] > 1.0).sum())
+    assert clipped > 0  # the clip was exercised (a random model's context changes π(y|·) only a little)
 
 
 def test_training_on_math_problems_with_letter_golds_never_stops_on_feedback(tiny_model_dir, tmp_path, shared_data):

@@ -20,8 +20,8 @@ logger = logging.getLogger(__name__)
 Schedule = Literal["constant", "linear"]
 ReflectionSource = Literal["auto", "step", "pool"]
 Scorer = Literal["bm25", "embedding", "llm"]
-ContextInLoss = Literal["keep", "strip"]
-AdvantageGrouping = Literal["shared", "separate"]
+ContextInLoss = Literal["strip", "strip-sequence", "shaped", "unweighted", "keep"]
+AdvantageGrouping = Literal["shared", "separate", "scratch-baseline"]
 Extraction = Literal["strict", "lenient"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
@@ -53,12 +53,19 @@ class LanpoConfig(GRPOConfig):
 
     > Parameters that control the loss
 
-    context_in_loss (`str`, defaults to `"strip"`): `strip` trains π(y | x), the zero-shot policy that is the test
-        condition, on feedback rollouts with a truncated per-token importance weight π(y|x) / π(y|x,c) (at most
-        `strip_ratio_clip`; π(y|x,c) is the sampler's, so it costs no extra forward and the update is GRPO's);
-        `keep` trains π(y | x, c), paying for the context tokens in every forward and backward.
+    context_in_loss (`str`, defaults to `"strip"`): how a feedback rollout (sampled under x + context c) reaches the
+        loss. The first four train π(y | x), the zero-shot policy that is the test condition, at GRPO's update cost:
+        `strip` with a truncated per-token importance weight π(y|x) / π(y|x,c) (at most `strip_ratio_clip`;
+        Guide-GRPO); `strip-sequence` with the row's geometric-mean ratio, which weighs the state, not only the
+        token (GSPO-style); `shaped` with no importance weight, policy shaping f(π) = π/(π + `shaping_gamma`) and
+        no clip (LUFFY, Critique-GRPO: when guided tokens are improbable under x); `unweighted` with the plain
+        advantage (RLTF-SD: the simplest baseline). `keep` trains π(y | x, c) (SAGE, QuestA), paying for the
+        context tokens in every forward and backward. Feedback rows of the first four get a KL estimate of their
+        own (importance-weighted ½r², finite for any r); scratch rows keep TRL's.
     advantage_grouping (`str`, defaults to `"shared"`): `shared` normalizes rewards over the whole group of G;
-        `separate` normalizes feedback and scratch rollouts of a group separately.
+        `separate` normalizes feedback and scratch rollouts of a group separately; `scratch-baseline` centres
+        feedback rollouts on the scratch rollouts' mean (scaled by the group's std) and scratch rollouts among
+        themselves (RLTF-SD: a feedback row's own mean collapses when feedback makes them all right).
     """
 
     # -- language feedback -----------------------------------------------------------------------------------
@@ -93,12 +100,16 @@ class LanpoConfig(GRPOConfig):
 
     # -- loss ------------------------------------------------------------------------------------------------
     context_in_loss: ContextInLoss = field(default="strip", metadata={
-        "help": "strip: train pi(y|x) on feedback rollouts with a clipped importance weight pi(y|x)/pi(y|x,c) (GRPO's "
-                "update cost); keep: train pi(y|x,c) (pays for context tokens)."})
+        "help": "How feedback rollouts reach the loss. strip: train pi(y|x) with a clipped per-token weight "
+                "pi(y|x)/pi(y|x,c); strip-sequence: with the row's geometric-mean weight; shaped: no weight, "
+                "f(pi) = pi/(pi+shaping_gamma), no clip; unweighted: plain advantage; keep: train pi(y|x,c)."})
     strip_ratio_clip: float = field(default=2.0, metadata={
-        "help": "strip mode: upper bound of the per-token importance weight pi(y|x)/pi(y|x,c)."})
+        "help": "strip, strip-sequence (and the feedback rows' KL weight): upper bound of pi(y|x)/pi(y|x,c)."})
+    shaping_gamma: float = field(default=0.1, metadata={
+        "help": "shaped: gamma of the policy shaping f(pi) = pi/(pi+gamma) on feedback tokens (LUFFY: 0.1)."})
     advantage_grouping: AdvantageGrouping = field(default="shared", metadata={
-        "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart."})
+        "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart; "
+                "scratch-baseline: feedback rollouts against the scratch rollouts' mean."})
 
     # -- reward ----------------------------------------------------------------------------------------------
     answer_extraction: Extraction = field(default="strict", metadata={
@@ -137,9 +148,10 @@ class LanpoConfig(GRPOConfig):
                 f"({self.num_generations}), so that every process holds whole groups (LANPO builds a group's "
                 "feedback from that group's own rollouts)."
             )
-        if self.context_in_loss == "strip" and self.use_liger_kernel:
-            raise ValueError("context_in_loss=strip weights the loss through GRPOTrainer's own loss; the Liger "
-                             "kernel loss bypasses it: set use_liger_kernel false or context_in_loss keep.")
+        if self.feedback_ratio > 0 and self.use_liger_kernel:
+            raise ValueError(f"context_in_loss={self.context_in_loss} changes GRPOTrainer's own loss on feedback rows "
+                             "(weights, shaping, their KL); the Liger kernel loss bypasses it: set use_liger_kernel "
+                             "false or feedback_ratio 0.")
         if self.summaries_per_group > self.num_generations:
             raise ValueError(f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
                              f"({self.num_generations}).")
@@ -192,6 +204,13 @@ class LanpoConfig(GRPOConfig):
                              f"({self.retrieval_top_k}).")
         if self.strip_ratio_clip <= 0:
             raise ValueError(f"strip_ratio_clip must be > 0, got {self.strip_ratio_clip}.")
+        if not self.shaping_gamma > 0:
+            raise ValueError(f"shaping_gamma must be > 0, got {self.shaping_gamma}.")
+        if self.advantage_grouping == "scratch-baseline" and self.multi_objective_aggregation != "sum_then_normalize":
+            raise ValueError("advantage_grouping=scratch-baseline baselines the summed reward: set "
+                             "multi_objective_aggregation sum_then_normalize (or use separate).")
+        if self.strips_context() and self.use_vllm:
+            self._check_vllm_logprobs_match_the_trainer()
         if self.eval_every < 0 or self.eval_k < 1 or (self.eval_limit is not None and self.eval_limit < 1):
             raise ValueError(f"eval_every must be >= 0 and eval_k, eval_limit >= 1; got {self.eval_every}, "
                              f"{self.eval_k}, {self.eval_limit}.")
@@ -210,6 +229,27 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"beta (the KL coefficient) must be >= 0, got {self.beta}.")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}.")
+
+    def strips_context(self) -> bool:
+        """Feedback rows are trained on the plain prompt although sampled under a context (every choice but keep)."""
+        return self.context_in_loss != "keep"
+
+    def _check_vllm_logprobs_match_the_trainer(self) -> None:
+        """The strip family compares π(y|x,c) from the sampler with π(y|x) from TRL's forward (logits / T). vLLM
+        reports its processed log-probabilities, which differ from that whenever a sampling setting reshapes the
+        distribution: refuse those settings here rather than bias every weight."""
+        settings = {"top_p": self.top_p if self.top_p < 1.0 else None, "top_k": self.top_k if self.top_k else None,
+                    "min_p": self.min_p, "repetition_penalty": self.repetition_penalty
+                    if self.repetition_penalty != 1.0 else None}
+        settings.update({f"generation_kwargs.{k}": v for k, v in (self.generation_kwargs or {}).items()
+                         if k in ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                                  "frequency_penalty", "logit_bias", "bad_words", "allowed_token_ids", "min_tokens")})
+        reshaping = {k: v for k, v in settings.items() if v is not None}
+        if reshaping:
+            raise ValueError(
+                f"context_in_loss={self.context_in_loss} with use_vllm needs vLLM's log-probabilities to be "
+                f"log_softmax(logits / temperature), as TRL's training forward computes them; {reshaping} reshape "
+                "vLLM's reported values. Unset them, or use context_in_loss keep.")
 
     def eval_mode_list(self) -> list[str]:
         return [m.strip() for m in self.eval_modes.split(",") if m.strip()]

@@ -102,7 +102,7 @@ HELP_GROUPS = {
                                              "summary_max_length",
                                              "relevance_scorer", "relevance_threshold", "retrieval_top_k",
                                              "retrieval_candidates", "embedding_model"],
-    "LANPO: loss and reward": ["context_in_loss", "strip_ratio_clip", "advantage_grouping", "answer_extraction",
+    "LANPO: loss and reward": ["context_in_loss", "strip_ratio_clip", "shaping_gamma", "advantage_grouping", "answer_extraction",
                                "verify_time_limit"],
     "Evaluation during training": ["eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit"],
     "Data and run": ["model_name_or_path", "data", "data_dir", "data_split", "data_limit", "output_dir", "resume",

@@ -217,14 +217,19 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         rows, step, g = self._rows, self.state.global_step, self.num_generations
         rewards, correct = (t.cpu() for t in objective.totals(self._local(self._rewards_per_func),
                                                                self.reward_weights, self._accuracy_index))
-        if self.args.advantage_grouping == "separate":  # on the whole (gathered) batch, as TRL normalizes
+        if self.args.advantage_grouping != "shared":  # on the whole (gathered) batch, as TRL normalizes
             flags = [f for part in gather_object([[r.has_feedback for r in rows]]) for f in part]
-            output["advantages"] = self._local(objective.separate_advantages(
-                self._rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards,
-                self.args.multi_objective_aggregation)).to(output["advantages"])
-        if self.args.context_in_loss == "strip":
-            self._attach_context_logps(output)  # the loss weights feedback rows' tokens (lanpo.loss)
-            if "importance_sampling_ratio" in output:
+            if self.args.advantage_grouping == "separate":
+                advantages = objective.separate_advantages(self._rewards_per_func, self.reward_weights, flags, g,
+                                                           self.args.scale_rewards,
+                                                           self.args.multi_objective_aggregation)
+            else:
+                advantages = objective.scratch_baseline_advantages(self._rewards_per_func, self.reward_weights,
+                                                                   flags, g, self.args.scale_rewards)
+            output["advantages"] = self._local(advantages).to(output["advantages"])
+        if sum(self.args.group_plan(step)[1:]):  # feedback planned: the loss treats feedback rows (lanpo.loss)
+            self._attach_feedback_inputs(output)
+            if self.args.strips_context() and "importance_sampling_ratio" in output:
                 self._strip_vllm_correction(output)
         self._log_step_metrics(rewards, correct)
         if self.log_completions:  # TRL's completions table logged feedback rows with their plain prompt
