@@ -8,7 +8,15 @@ AIME24, AMC23):
   own worked solution where it has one (MATH500, AIME24: strict; GSM8K: lenient, its rationale ends in `#### N`);
 * **perturbed** (goal: >= 99.5% rejected): a numeric gold + 1, else its first digit changed (or `+1` appended);
 * **adversarial** (goal: 0 credited): hedges (several boxed values with the right one last, `right or wrong`,
-  `wrong = right`, `right, wrong`), and an echo of the problem statement under lenient extraction;
+  `wrong = right`, `right, wrong`, with a wrong value the gold lacks: repeats of the gold's own values are not
+  hedges), and an echo of the problem statement under lenient extraction;
+* **the classes of the third verifier round** (issue 36): right answers behind labels wider than one letter
+  (`AB = g`, `f(2) = g`, `\\angle ABC = g`, `(x, y) = g`; golds that are equations or label-shaped excluded:
+  there a label is a value), in consistent chains (`x = (g-1) + 1 = g`), repeated
+  (`g, g`), grouped with LaTeX separators (`12,\\! 345`, `12{,}345`), and list golds boxed one value a box
+  (goal: >= 99% credited); inconsistent chains (`x = g+1 = g`), a zero first group (`0,ggg` for a three-digit
+  gold), and under lenient extraction a gold that is only a piece of an expression (`\\frac{g+1}{g}`,
+  `(1+g)`) (goal: 0 credited);
 * the slowest single call (goal: under the time limit + 0.5 s) and throughput on GSM8K-style answers
   (goal: >= 1,000 answers/s on 2 cores).
 
@@ -28,6 +36,7 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
+from lanpo.answers import is_label, normalize_gold, split_values
 from lanpo.data import load_problems, read_rows
 from lanpo.numbers import to_number
 from lanpo.rewards import MathVerifier
@@ -72,6 +81,55 @@ def perturb(gold: str) -> str:
     return f"{gold}+1"
 
 
+LABELS = ["AB", "f(2)", "\\angle ABC", "S_{10}", "P(A)", "m"]
+
+
+def grouped(value: int, separator: str) -> str:
+    """``12345`` with its thousands written apart by ``separator`` (``,\\! ``, ``{,}``)."""
+    text = f"{value:,}"
+    return text.replace(",", separator)
+
+
+def round_three(golds: list[str]) -> dict[str, tuple[list[str], list[str]]]:
+    """The classes of issue 36 as (golds, completions) per class, from this set's own gold answers."""
+    classes: dict[str, tuple[list[str], list[str]]] = {k: ([], []) for k in (
+        "labels", "chains", "repeats", "grouped", "list_boxes", "bad_chains", "zero_group")}
+
+    def add(name: str, gold: str, completion: str) -> None:
+        classes[name][0].append(gold)
+        classes[name][1].append(completion)
+
+    for k, gold in enumerate(golds):
+        value = to_number(gold)
+        parts = [p for p in split_values(normalize_gold(gold)) if not is_label(p)]
+        label = "(x, y)" if gold.strip().startswith("(") and "," in gold else LABELS[k % len(LABELS)]
+        if "=" not in gold and not is_label(gold):  # an equation or a label-shaped gold keeps labels as values
+            add("labels", gold, f"so \\boxed{{{label} = {gold}}}")
+        if len(parts) == 1:
+            add("repeats", gold, f"\\boxed{{{gold}, {gold}}}")
+        if value is not None and value.denominator == 1:
+            n = int(value)
+            add("chains", gold, f"\\boxed{{x = {n - 1} + 1 = {n}}}")
+            add("bad_chains", gold, f"\\boxed{{x = {n + 1} = {n}}}")
+            if abs(n) >= 1000:
+                for separator in (",\\! ", "{,}"):
+                    add("grouped", gold, "\\boxed{" + grouped(n, separator) + "}")
+            if 100 <= n <= 999:
+                add("zero_group", gold, f"\\boxed{{0,{n}}}")
+        every = split_values(normalize_gold(gold))
+        if len(parts) > 1 and len(set(parts)) == len(parts) == len(every) and "=" not in gold:
+            add("list_boxes", gold, " and ".join(f"\\boxed{{{p}}}" for p in parts))
+    return classes
+
+
+def outside(gold: str) -> str:
+    """A wrong value that names something the gold lacks: ``perturb``, unless that only rearranges or repeats
+    the gold's own values (``1,2`` → ``2,2``), then with ``+1`` on its last item."""
+    wrong = perturb(gold)
+    keys = lambda text: {to_number(p) if to_number(p) is not None else p for p in split_values(text)}  # noqa: E731
+    return wrong if not keys(wrong) <= keys(gold) else wrong + "+1"
+
+
 def rate(scores: list[float]) -> float:
     return sum(scores) / len(scores) if scores else float("nan")
 
@@ -108,7 +166,7 @@ def check_set(name: str, data_dir: Path, limit: float) -> dict:
         out["perturbed_rejected"] = 1 - rate(timed(strict, golds, [f"\\boxed{{{perturb(g)}}}" for g in golds]))
         hedges = []
         for g in golds:
-            wrong = perturb(g)
+            wrong = outside(g)
             hedges += [f"\\boxed{{{wrong}}} or maybe \\boxed{{{g}}}", f"\\boxed{{{g} \\text{{ or }} {wrong}}}",
                        f"\\boxed{{{wrong} = {g}}}", f"\\boxed{{{g}, {wrong}}}"]
         out["hedges_credited"] = int(sum(timed(strict, [g for g in golds for _ in range(4)], hedges)))
@@ -116,6 +174,15 @@ def check_set(name: str, data_dir: Path, limit: float) -> dict:
         echo = timed(lenient, golds, [f"Let me restate the problem. {p.problem}" for p in problems],
                      [p.problem for p in problems])
         out["echo_credited"] = int(sum(echo))
+        for name, (g, texts) in round_three(golds).items():
+            scores = timed(strict, g, texts)
+            out[f"r3_{name}"] = rate(scores) if name not in ("bad_chains", "zero_group") else int(sum(scores))
+            out[f"r3_{name}_n"] = len(texts)
+        numeric = [g for g in golds if (v := to_number(g)) is not None and v.denominator == 1 and abs(v) >= 2]
+        pieces = [f"we get $\\frac{{{int(to_number(g)) + 1}}}{{{g}}}$" for g in numeric] + \
+            [f"we get $(1+{g})$" for g in numeric]
+        out["r3_pieces_credited"] = int(sum(timed(lenient, numeric * 2, pieces)))
+        out["r3_pieces_n"] = len(pieces)
         out["timeouts"] = strict.stats["timeouts"] + lenient.stats["timeouts"]
     out["slowest_call_s"] = round(slowest, 3)
     return out
@@ -157,6 +224,15 @@ def main() -> None:
                      f"{pct(r['scientific'])} ({r['scientific_n']}) | {pct(r.get('own_solution', float('nan')))} | "
                      f"{pct(r['perturbed_rejected'])} | {r['hedges_credited']} / {r['hedges']} | "
                      f"{r['echo_credited']} | {r['slowest_call_s']} s |")
+    print("\n".join(lines))
+    lines = ["| set | labels | chains | repeats | grouped | list boxes | inconsistent chains credited | "
+             "`0,ggg` credited | expression pieces credited (lenient) |", "|---" * 9 + "|"]
+    for name, r in report["sets"].items():
+        cell = lambda k, r=r: f"{pct(r['r3_' + k])} ({r['r3_' + k + '_n']})"  # noqa: E731
+        lines.append(f"| {name} | {cell('labels')} | {cell('chains')} | {cell('repeats')} | {cell('grouped')} | "
+                     f"{cell('list_boxes')} | {r['r3_bad_chains']} / {r['r3_bad_chains_n']} | "
+                     f"{r['r3_zero_group']} / {r['r3_zero_group_n']} | {r['r3_pieces_credited']} / "
+                     f"{r['r3_pieces_n']} |")
     print("\n".join(lines))
     print(json.dumps(report, indent=2))
 

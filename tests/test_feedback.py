@@ -71,6 +71,19 @@ def test_lessons_are_scrubbed_of_their_own_answer_in_every_form_and_answer_only_
     assert dropped["states_its_answer"] == 7 and dropped["answer_only"] == 1  # "y = 42": only an answer
 
 
+@pytest.mark.parametrize("gold,lesson,states", [
+    ("-3", "the result is minus 3", True),
+    ("-3", "it comes out negative three", True),
+    ("-3", "so it is - 3 in the end", True),
+    ("\\frac{1}{2}", "use \\frac{1} {2} of it", True),
+    ("3", "the result is minus 3", False),  # -3 is not 3
+    ("-3", "take 5 - 3 apples", False),  # a difference, not -3
+])
+def test_scrub_reads_negative_numbers_in_words_and_spaced_forms(gold, lesson, states):
+    kept, dropped = clean_lessons([lesson, "line up the digits"], [gold])
+    assert (lesson not in kept) is states and "line up the digits" in kept
+
+
 # -- property test: whatever the model wrote and whatever other entries say, a context never leaks -----------------
 
 words = st.text(alphabet=string.ascii_letters + string.digits + " +-=.,", min_size=0, max_size=60)

@@ -22,7 +22,7 @@ def verifier():
     ("The answer is 12.", "boxed", None),
     ("The answer is 12.", "lenient", "12"),
     ("Final answer: -3.5", "lenient", "-3.5"),
-    ("we get 2, then 1,234 apples", "lenient", "1,234"),
+    ("we get 2, then 1,234 apples", "lenient", "1234"),
     ("3 + 4 = 7 and 2,", "lenient", "2"),
     ("#### 56", "lenient", "56"),
     ("no numbers at all", "lenient", None),

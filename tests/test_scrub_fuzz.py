@@ -41,13 +41,17 @@ def forms(value: Fraction) -> list[str]:
                 "".join(chr(0xFF10 + int(d)) if d.isdigit() else d for d in str(n))]
         if 0 <= n < 1000:
             out.append(words(n))
+        if n < 0:
+            out += [f"minus {a}", f"negative {a}", f"- {a}"] + ([f"negative {words(a)}", f"minus {words(a)}"]
+                                                                if a < 1000 else [])
         if a >= 1000:
             out += [f"{n:,}", f"{n:,}".replace(",", " ")]
         if a >= 10 and str(a).strip("0") == "1":
             out.append(f"{'-' if n < 0 else ''}10^{len(str(a)) - 1}")
     else:
         decimal = f"{float(value):.6g}"
-        out += [decimal, f"\\frac{{{value.numerator}}}{{{value.denominator}}}", f"{value.numerator}/{value.denominator}"]
+        out += [decimal, f"\\frac{{{value.numerator}}}{{{value.denominator}}}", f"{value.numerator}/{value.denominator}",
+                f"\\frac{{{value.numerator}}} {{{value.denominator}}}"]
         if decimal.startswith("0."):
             out.append(decimal[1:])
         if value == Fraction(1, 2):

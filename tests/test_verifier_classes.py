@@ -88,10 +88,34 @@ def test_wrong_answers_are_not_credited(strict, lenient, gold, completion, mode)
     ("2", "\\boxed{2, 3}"),
     ("1+\\sqrt{2}", "\\boxed{1 \\pm \\sqrt{2}}"),
     ("B", "\\boxed{A \\text{ or } B}"),
+    ("1, 2", "\\boxed{2,2} or maybe \\boxed{1,2}"),  # boxes that are lists are not one value a box
+    ("f(4 - x)", "\\boxed{f(5 - x) = f(4 - x)}"),  # a label-shaped gold: the left side is a second value
+    ("n", "\\boxed{m = n}"),
+    ("11", "\\boxed{x = 5 + 5 + 1 = 7 = 11}"),  # a chain whose steps disagree
+    ("2", "\\boxed{2, 3, 2}"),
 ])
 def test_hedges_score_zero(strict, gold, completion):
     assert strict.score_texts([gold], [completion]) == [0.0]
     assert strict.stats["hedged"] > 0
+
+
+@pytest.mark.parametrize("gold,completion,mode,expected", [
+    ("(5, 8)", "\\boxed{(x, y) = (5, 8)}", "strict", 1.0),  # labels wider than one letter
+    ("5", "\\boxed{AB = 5}", "strict", 1.0),
+    ("5", "\\boxed{f(2) = 5}", "strict", 1.0),
+    ("30", "\\boxed{\\angle ABC = 30^\\circ}", "strict", 1.0),
+    ("2", "\\boxed{2, 2}", "strict", 1.0),  # a repeated value is one value
+    ("32349", "\\boxed{32,\\! 349}", "strict", 1.0),  # thin-space grouping
+    ("500", "\\boxed{0,500}", "strict", 0.0),  # a first group of 0 does not group thousands
+    ("111", "\\boxed{0,111}", "strict", 0.0),
+    ("2, 3", "the roots are \\boxed{2} and \\boxed{3}", "strict", 1.0),  # a box per value of a list gold
+    ("11", "\\boxed{x = 5 + 5 + 1 = 11}", "strict", 1.0),  # a consistent chain
+    ("9", "so $\\frac{10}{9}$", "lenient", 0.0),  # the fallback reads no piece of an expression
+    ("1", "so we have (9+1)", "lenient", 0.0),
+    ("2", "so $\\frac{1+\\sqrt5}{2}$", "lenient", 0.0),
+])
+def test_the_issue_36_examples(strict, lenient, gold, completion, mode, expected):
+    assert (strict if mode == "strict" else lenient).score_texts([gold], [completion]) == [expected]
 
 
 def test_labelled_and_restated_single_answers_are_not_hedges(strict):
@@ -192,3 +216,109 @@ def test_a_value_written_in_scientific_notation_matches_itself(value, exponent):
     gold = f"{float(mantissa):.2f}e{exponent}"
     assert numbers_match(gold, f"{float(mantissa):.2f} \\times 10^{{{exponent}}}")
     assert names_several_values(f"{gold}, 123456789", gold)  # a second, different value: a hedge
+
+
+# -- round three (issue 36): each class generated, right answers credited and wrong ones not ----------------------
+
+integers = st.integers(-10**6, 10**6)
+label_names = st.one_of(
+    st.text(alphabet="ABCDEFGHPQRS", min_size=2, max_size=3),  # segments: AB, PQR
+    st.builds(lambda f, k: f"{f}({k})", st.sampled_from(["f", "g", "h", "P", "T"]), st.integers(0, 99)),
+    st.builds(lambda abc: f"\\angle {abc}", st.text(alphabet="ABCDEFGH", min_size=3, max_size=3)),
+    st.builds(lambda s, k: f"{s}_{{{k}}}", st.sampled_from(["S", "a", "x"]), st.integers(0, 99)),
+    st.sampled_from(["x", "y", "n", "m", "k"]),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(label=label_names, gold=integers, delta=st.integers(1, 1000))
+def test_a_label_of_any_width_before_the_value_is_not_a_value(strict, label, gold, delta):
+    assert strict.score_texts([str(gold)], [f"\\boxed{{{label} = {gold}}}"]) == [1.0]
+    assert strict.score_texts([str(gold)], [f"\\boxed{{{label} = {gold + delta}}}"]) == [0.0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(a=integers, b=integers, delta=st.integers(1, 1000))
+def test_a_tuple_label_before_a_tuple_value(strict, a, b, delta):
+    gold = f"({a}, {b})"
+    assert strict.score_texts([gold], [f"\\boxed{{(x, y) = ({a}, {b})}}"]) == [1.0]
+    assert strict.score_texts([gold], [f"\\boxed{{(x, y) = ({a}, {b + delta})}}"]) == [0.0]
+
+
+def _expression_for(value: int, parts: list[int], kind: str) -> str:
+    """An arithmetic expression equal to ``value`` built from ``parts``."""
+    if kind == "sum":
+        return " + ".join(map(str, parts)) + f" + {value - sum(parts)}"
+    if kind == "product":
+        return f"{parts[0]} \\times {value} - {parts[0] - 1} \\cdot {value}"
+    return f"\\frac{{{2 * value}}}{{2}}"
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gold=st.integers(-10**4, 10**4), parts=st.lists(st.integers(0, 50), min_size=1, max_size=3),
+       kinds=st.lists(st.sampled_from(["sum", "product", "frac"]), min_size=1, max_size=3),
+       delta=st.integers(1, 100), where=st.integers(0, 2))
+def test_a_consistent_chain_states_its_last_value_and_a_disagreeing_step_makes_it_a_hedge(strict, gold, parts, kinds,
+                                                                                       delta, where):
+    steps = [_expression_for(gold, parts, kind) for kind in kinds]
+    assert strict.score_texts([str(gold)], ["\\boxed{x = " + " = ".join([*steps, str(gold)]) + "}"]) == [1.0]
+    steps.insert(where % (len(steps) + 1), str(gold + delta))  # one step states another value
+    assert strict.score_texts([str(gold)], ["\\boxed{x = " + " = ".join([*steps, str(gold)]) + "}"]) == [0.0]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gold=integers, repeats=st.integers(2, 4), other=integers)
+def test_a_repeated_value_is_one_value_and_a_different_one_is_a_hedge(strict, gold, repeats, other):
+    assert strict.score_texts([str(gold)], ["\\boxed{" + ", ".join([str(gold)] * repeats) + "}"]) == [1.0]
+    if other != gold:
+        assert strict.score_texts([str(gold)], ["\\boxed{" + ", ".join([str(gold)] * repeats + [str(other)]) +
+                                                "}"]) == [0.0]
+        two = f"{min(gold, other)}, {max(gold, other)}"
+        assert strict.score_texts([two], [f"\\boxed{{{gold}, {gold}, {other}}}"]) == [1.0]  # distinct values
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.integers(1000, 10**12), negative=st.booleans(),
+       separator=st.sampled_from([",", ",\\!", ",\\! ", ",\\!  ", "{,}", "\\,", ",\\,", "\\!"]))
+def test_thousands_written_with_any_latex_separator_are_one_number(strict, value, negative, separator):
+    n = -value if negative else value
+    written = ("-" if negative else "") + f"{value:,}".replace(",", separator)
+    assert strict.score_texts([str(n)], [f"\\boxed{{{written}}}"]) == [1.0]
+    assert strict.score_texts([str(n + 1)], [f"\\boxed{{{written}}}"]) == [0.0]
+    assert to_number(written) == n
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.integers(0, 999), rest=st.text(alphabet="0123456789", min_size=1, max_size=5))
+def test_a_comma_groups_thousands_only_before_three_digit_groups_after_a_nonzero_first_group(strict, first, rest):
+    written = f"{first},{rest}"
+    grouping = first > 0 and len(rest) == 3
+    assert (to_number(written) == int(f"{first}{rest}")) is grouping
+    if not grouping and first != int(rest):  # 0,500 is not 500, and 12,34 is not 1234 (0,0 repeats 0)
+        assert strict.score_texts([str(int(rest))], [f"\\boxed{{{written}}}"]) == [0.0]
+        assert strict.score_texts([f"{first}{rest}".lstrip("0") or "0"], [f"\\boxed{{{written}}}"]) == [0.0]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(integers, min_size=2, max_size=4, unique=True), order=st.randoms(use_true_random=False),
+       wrong=integers, pad=st.sampled_from([" and ", " ", ", so "]))
+def test_boxes_that_state_a_list_gold_one_value_a_box_are_one_answer(strict, values, order, wrong, pad):
+    gold = ", ".join(map(str, values))
+    shuffled = list(values)
+    order.shuffle(shuffled)
+    boxes = [f"\\boxed{{{v}}}" for v in shuffled]
+    assert strict.score_texts([gold], [pad.join(boxes)]) == [1.0]
+    if wrong not in values:
+        assert strict.score_texts([gold], [pad.join(boxes[:-1] + [f"\\boxed{{{wrong}}}"])]) == [0.0]
+        assert strict.score_texts([gold], [pad.join(boxes + [f"\\boxed{{{wrong}}}"])]) == [0.0]  # one too many
+        assert strict.score_texts([str(values[0])], [f"\\boxed{{{values[0]}}} {pad} \\boxed{{{wrong}}}"]) == [0.0]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(gold=st.integers(2, 10**5), other=st.integers(1, 99), form=st.sampled_from(
+    ["\\frac{{{o}}}{{{g}}}", "({o}+{g})", "\\sqrt{{{g}}}", "\\sqrt {g}", "{o}^{{{g}}}", "{o}^{g}", "{o} \\times {g}",
+     "x_{{{g}}}", "{o}/{g}", "{o} + {g}", "\\frac{{{o}+\\sqrt{g}}}{{{g}}}", "[{o}, {g}]"]))
+def test_lenient_fallback_never_reads_a_number_out_of_an_expression(lenient, gold, other, form):
+    expression = form.format(o=other, g=gold)
+    assert lenient.score_texts([str(gold)], [f"so we get ${expression}$"]) == [0.0], expression
+    assert lenient.score_texts([str(gold)], [f"so we get ${expression}$, which makes {gold}."]) == [1.0]

@@ -32,12 +32,39 @@ _BARE_FRAC = re.compile(r"\\([dt]?frac)[ \t]*(\\[A-Za-z]+|[0-9A-Za-z])[ \t]*(\\[
 
 
 def clean(text: str) -> str:
-    """Unicode digits (``７``), minus signs (U+2212) and ``×`` in ASCII/LaTeX form, NUL bytes removed, and
-    brace-less fractions braced (``\\frac\\pi 2`` → ``\\frac{\\pi}{2}``: math-verify misreads the bare form)."""
-    return _BARE_FRAC.sub(r"\\\1{\2}{\3}", text.translate(_TABLE))
+    """Unicode digits (``７``), minus signs (U+2212) and ``×`` in ASCII/LaTeX form, NUL bytes removed,
+    brace-less fractions braced (``\\frac\\pi 2`` → ``\\frac{\\pi}{2}``: math-verify misreads the bare form), and
+    thousands written with LaTeX separators ungrouped (:func:`ungroup`)."""
+    return ungroup(_BARE_FRAC.sub(r"\\\1{\2}{\3}", text.translate(_TABLE)))
 
 
-_THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+# A thousands separator: a comma (``1,234``; ``{,}``; followed by LaTeX spacing ``,\!`` ``,\,`` and spaces after
+# it) or LaTeX spacing alone (``32\,349``). A comma followed by a plain space is a list (``1, 234``).
+_GROUP_SEPARATOR = r"(?:,(?:\\[!,;: ]\s*)*|\{,\}|(?:\\[!,;: ]\s*)+)"
+_GROUPED = re.compile(r"(?<![\d.])([1-9]\d{0,2})((?:" + _GROUP_SEPARATOR + r"\d{3})+)(?!\d|,\d|\{,\})")
+_NOT_DIGIT = re.compile(r"\D")
+_PLAIN_COMMAS = re.compile(r"(?:,\d{3})+")
+
+
+def ungroup(text: str) -> str:
+    """``32,\\! 349`` → ``32349``, ``1{,}000`` → ``1000``, ``1,234,567`` → ``1234567``. A comma or LaTeX space
+    separates thousands only when every group after it has exactly three digits and the first group does not
+    start with 0: ``0,500`` and ``1,2345`` stay as written (lists, or not numbers); so does a plain comma next to
+    a bracket, ``(12,102)`` (a point or an interval)."""
+    if "," not in text and "\\" not in text:
+        return text
+
+    def digits(match: re.Match) -> str:
+        plain = _PLAIN_COMMAS.fullmatch(match.group(2))
+        before, after = text[:match.start()].rstrip()[-1:], text[match.end():].lstrip()[:1]
+        if plain and (before in ("(", "[") or after in (")", "]")):
+            return match.group(0)  # (12,102): a point or an interval, not twelve thousand
+        return match.group(1) + _NOT_DIGIT.sub("", match.group(2))
+
+    return _GROUPED.sub(digits, text)
+
+
+_THOUSANDS = re.compile(r"-?[1-9]\d{0,2}(,\d{3})+(\.\d+)?")
 
 
 def strip_thousands(text: str) -> str:
@@ -47,7 +74,8 @@ def strip_thousands(text: str) -> str:
 
 # -- numbers ---------------------------------------------------------------------------------------------------
 
-_DECIMAL = re.compile(r"([+-]?)(\d{1,3}(?:,\d{3})+|\d{1,3}(?: \d{3})+|\d+)?(?:\.(\d+))?(?:[eE]([+-]?\d{1,4}))?")
+_DECIMAL = re.compile(r"([+-]?)([1-9]\d{0,2}(?:,\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)?(?:\.(\d+))?"
+                      r"(?:[eE]([+-]?\d{1,4}))?")
 _POWER = re.compile(r"(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,4})\s*\}|([+-]?\d{1,4}))")
 _WRAPPERS = re.compile(r"\\?\$|\\[,!;: ]|\\left|\\right|\\mathrm\{\s*\}|\\text\{\s*\}")
 MAX_EXPONENT = 1000  # beyond this a number is left to math-verify (within its time limit)
@@ -115,10 +143,13 @@ def _number(text: str, depth: int = 0) -> tuple[Fraction, int | None] | None:
                 first += 1
             if first >= len(body) or body[first] != "{":
                 return None
-            middle = _braced(body, first)
-            if middle < 0 or middle >= len(body) or body[middle] != "{" or _braced(body, middle) != len(body):
+            end = _braced(body, first)
+            middle = end
+            while 0 <= middle < len(body) and body[middle] == " ":  # \frac{1} {2}
+                middle += 1
+            if end < 0 or middle >= len(body) or body[middle] != "{" or _braced(body, middle) != len(body):
                 return None
-            top, bottom = _number(body[first + 1:middle - 1], depth + 1), _number(body[middle + 1:-1], depth + 1)
+            top, bottom = _number(body[first + 1:end - 1], depth + 1), _number(body[middle + 1:-1], depth + 1)
             if top is None or bottom is None or bottom[0] == 0:
                 return None
             return sign * top[0] / bottom[0], None
@@ -177,6 +208,91 @@ def numbers_match(gold: str, prediction: str) -> bool | None:
     return digits >= 2 and _round_sig(g[0], digits) == _round_sig(p[0], digits)
 
 
+# -- simple arithmetic, exactly ------------------------------------------------------------------------------
+
+_FRAC_GROUPS = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
+_ARITH_TOKEN = re.compile(r"\s*(\d+(?:\.\d+)?|\.\d+|[-+*/^()])")
+MAX_ARITH_CHARS = 200
+
+
+def evaluate(text: str) -> Fraction | None:
+    """The exact value of simple arithmetic: numbers, ``+ - * / ^`` (integer powers up to 64), ``\\times``,
+    ``\\cdot``, ``\\div``, parentheses and ``\\frac`` of such (``5+5+1`` → 11, ``\\frac{3}{4} \\cdot 8`` → 6);
+    ``None`` for anything else (a letter, a root, a function). Linear in the input; inputs over 200 characters are
+    not evaluated."""
+    if not isinstance(text, str) or len(text) > MAX_ARITH_CHARS or "%" in text:
+        return None
+    value = to_number(text)
+    if value is not None:
+        return value
+    expression = _strip(clean(text))
+    for old, new in (("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"), ("\\left", ""), ("\\right", "")):
+        expression = expression.replace(old, new)
+    for _ in range(8):  # innermost fractions first
+        expression, count = _FRAC_GROUPS.subn(r"((\1)/(\2))", expression)
+        if not count:
+            break
+    expression = expression.replace("{", "(").replace("}", ")")
+    tokens, position = [], 0
+    while position < len(expression):
+        match = _ARITH_TOKEN.match(expression, position)
+        if not match:
+            if expression[position:].strip():
+                return None
+            break
+        tokens.append(match.group(1))
+        position = match.end()
+    try:
+        value, rest = _sum(tokens, 0)
+    except (ValueError, ZeroDivisionError, IndexError, OverflowError, RecursionError):
+        return None
+    return value if rest == len(tokens) else None
+
+
+def _sum(tokens: list[str], i: int) -> tuple[Fraction, int]:
+    value, i = _product(tokens, i)
+    while i < len(tokens) and tokens[i] in "+-":
+        right, j = _product(tokens, i + 1)
+        value, i = (value + right if tokens[i] == "+" else value - right), j
+    return value, i
+
+
+def _product(tokens: list[str], i: int) -> tuple[Fraction, int]:
+    value, i = _signed(tokens, i)
+    while i < len(tokens) and tokens[i] in "*/":
+        right, j = _signed(tokens, i + 1)
+        value, i = (value * right if tokens[i] == "*" else value / right), j
+    return value, i
+
+
+def _signed(tokens: list[str], i: int, depth: int = 0) -> tuple[Fraction, int]:
+    if depth > MAX_DEPTH:
+        raise ValueError("too deep")
+    if tokens[i] in "+-":
+        value, j = _signed(tokens, i + 1, depth + 1)
+        return (-value if tokens[i] == "-" else value), j
+    base, i = _atom(tokens, i, depth)
+    if i < len(tokens) and tokens[i] == "^":
+        exponent, i = _signed(tokens, i + 1, depth + 1)
+        if exponent.denominator != 1 or abs(exponent) > 64 or (base == 0 and exponent < 0):
+            raise ValueError("not a small integer power")
+        base = base ** int(exponent)
+    return base, i
+
+
+def _atom(tokens: list[str], i: int, depth: int) -> tuple[Fraction, int]:
+    if tokens[i] == "(":
+        if depth > MAX_DEPTH:
+            raise ValueError("too deep")
+        value, i = _sum(tokens, i + 1) if depth < MAX_DEPTH else (Fraction(0), i)
+        if i >= len(tokens) or tokens[i] != ")":
+            raise ValueError("unbalanced")
+        return value, i + 1
+    if tokens[i] in "+-*/^)":
+        raise ValueError("operator where a number goes")
+    return Fraction(tokens[i]), i + 1
+
+
 # -- every number a text writes ---------------------------------------------------------------------------------
 
 _UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
@@ -194,10 +310,12 @@ _SPANS = [  # in priority order: a span taken whole hides the numbers inside it 
     re.compile(r"-?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|x|\*)\s*10\s*\^\s*\{?\s*-?\d{1,4}\s*\}?"),  # 7 \times 10^{0}
     re.compile(r"-?\d{1,6}\s*\^\s*(?:\{\s*-?\d{1,5}\s*\}|\d)"),  # 10^3, 2^{10}
     re.compile(r"-?\d+\s*/\s*\d+"),  # 14/2
-    re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?"),  # 1,000
+    re.compile(r"-?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?"),  # 1,000
     re.compile(r"-?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE]-?\d{1,4})?"),  # 7, 7.0, 7., .5, 4.5e3
 ]
-_SPACED = re.compile(r"-?\d{1,3}(?: \d{3})+(?:\.\d+)?")  # 1 000, or two numbers (3 100): read both ways
+_SPACED = re.compile(r"-?[1-9]\d{0,2}(?: \d{3})+(?:\.\d+)?")  # 1 000, or two numbers (3 100): read both ways
+# "minus 3", "negative three", "is - 3", "= - 3"; not "5 - 3" (a difference)
+_NEGATED = re.compile(r"(?:\b(?:minus|negative)\s+|(?:^|[(=,:;$A-Za-z])\s*-\s+)$", re.IGNORECASE)
 
 
 def word_number(words: str) -> Fraction | None:
@@ -224,11 +342,15 @@ def written_numbers(text: str) -> list[str]:
     """Every span of ``text`` that writes a number, in any of the forms lanpo reads (overlapping spans too)."""
     text = clean(text)
     taken: list[tuple[int, int]] = []
-    spans = []
+    found: list[tuple[int, str]] = []
     for pattern in _SPANS:
         for m in pattern.finditer(text):
             if not any(m.start() < end and start < m.end() for start, end in taken):
                 taken.append(m.span())
-                spans.append(m.group(0))
-    spans += [m.group(0) for m in _SPACED.finditer(text)]
-    return spans + [m.group(0).strip(" -") for m in _WORD_RUN.finditer(text)]
+                found.append((m.start(), m.group(0)))
+    found += [(m.start(), m.group(0)) for m in _SPACED.finditer(text)]
+    found += [(m.start() + len(m.group(0)) - len(m.group(0).lstrip(" -")), m.group(0).strip(" -"))
+              for m in _WORD_RUN.finditer(text)]
+    # "minus 3", "negative three", "is - 3": a negative number
+    return ["-" + span if not span.startswith("-") and _NEGATED.search(text, max(0, start - 12), start) else span
+            for start, span in found]

@@ -23,7 +23,15 @@ from collections import Counter
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 
-from .answers import extraction_mode, find_answer, latex_number, names_several_values, normalize_gold
+from .answers import (
+    boxes_as_list,
+    extraction_mode,
+    find_answer,
+    latex_number,
+    names_several_values,
+    normalize_gold,
+    stated_value,
+)
 from .numbers import numbers_match, strip_thousands
 
 logger = logging.getLogger(__name__)
@@ -174,9 +182,10 @@ class MathVerifier:
     def score(self, golds: Sequence[str], predictions: Sequence[str | None]) -> list[float]:
         """Score extracted answers against gold answers (1.0 or 0.0 each). ``None`` predictions score 0.
 
-        Plain numbers are compared exactly here (see ``answers.numbers_match`` for the tolerance policy); a
-        prediction that names several values where the gold is one (a hedge) scores 0; the rest goes to
-        math-verify in the worker processes.
+        A prediction is first read for the value it states (``answers.stated_value``: a chain of equalities, a
+        label, a repeated value); plain numbers are compared exactly here (see ``numbers.numbers_match`` for the
+        tolerance policy); a prediction that names more values than the gold (a hedge) scores 0; the rest goes
+        to math-verify in the worker processes.
         """
         if len(golds) != len(predictions):
             raise ValueError(f"{len(golds)} gold answers but {len(predictions)} predictions.")
@@ -191,7 +200,7 @@ class MathVerifier:
             pred = str(pred)
             if len(pred) > MAX_ANSWER_CHARS:
                 self.stats["too_long"] += 1
-            elif names_several_values(pred, gold):
+            elif (pred := stated_value(pred, gold)) is None or names_several_values(pred, gold):
                 self.stats["hedged"] += 1
             elif (same := numbers_match(gold, pred)) is not None:
                 scores[i] = float(same)
@@ -214,8 +223,11 @@ class MathVerifier:
         extraction never reads a number the output copied from its problem statement."""
         problems = problems if problems is not None else [None] * len(texts)
         answers = []
-        for text, problem in zip(texts, problems):
+        for text, gold, problem in zip(texts, golds, problems):
             answer, why = find_answer(text, self.extraction, problem)
+            if why == "hedged" and isinstance(text, str):  # several boxes: one answer where they list the gold's
+                answer = boxes_as_list(text, str(gold))
+                why = "" if answer is not None else why
             if why == "hedged":
                 self.stats["hedged"] += 1
             answers.append(answer)
