@@ -107,20 +107,23 @@ def test_unknown_schema_version_fails_clearly_and_never_overwrites(tmp_path):
     assert path.read_bytes() == before
 
 
-def test_export_import_round_trip_and_bad_lines_are_skipped(tmp_path):
+def test_export_import_round_trip_and_an_export_with_a_bad_line_imports_nothing(tmp_path):
     source = ExperiencePool()
     source.add([entry("a", 1, correct=False), entry("b", 2)])
     source.add_attempts([Attempt("a", "problem a", "my try")])
     exported = tmp_path / "pool.jsonl"
     assert export_jsonl(source, exported) == 4  # header, 2 entries, 1 attempt
+    target = ExperiencePool()
+    assert import_jsonl(target, exported) == {"entries": 2, "attempts": 1}
+    assert target.digest() == source.digest()
     with exported.open("a") as handle:
         handle.write("{broken\n")
         handle.write('{"type": "entry", "problem_id": "x"}\n')
-    target = ExperiencePool()
-    counts = import_jsonl(target, exported)
-    assert {k: counts[k] for k in ("entries", "attempts", "skipped")} == {"entries": 2, "attempts": 1, "skipped": 2}
-    assert counts["bad_lines"][0].startswith("line 5") and "missing" in counts["bad_lines"][1]
-    assert target.digest() == source.digest()
+    fresh = ExperiencePool()
+    with pytest.raises(PoolError, match="2 bad line\\(s\\), nothing imported") as error:
+        import_jsonl(fresh, exported)
+    assert "line 5" in str(error.value) and "line 6" in str(error.value) and "missing" in str(error.value)
+    assert len(fresh) == 0 and fresh.stats()["attempts"] == 0
 
 
 def test_import_of_a_newer_export_is_refused(tmp_path):

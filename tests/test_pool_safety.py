@@ -161,10 +161,11 @@ def test_export_never_overwrites_its_pool_and_import_names_bad_lines(tmp_path):
     export.write_text("\n".join([export.read_text().strip(), "42", json.dumps({**good, "step": "seven"}),
                                  "{broken", json.dumps({"type": "attempt", "problem_id": "p"})]) + "\n")
     with ExperiencePool(tmp_path / "other.sqlite") as target:
-        counts = import_jsonl(target, export)
-    assert counts["entries"] == 1 and counts["skipped"] == 4
-    assert counts["bad_lines"][0].startswith("line 3: a JSON int") and "'step'" in counts["bad_lines"][1]
-    assert "line 6" in counts["bad_lines"][3] and "missing" in counts["bad_lines"][3]
+        with pytest.raises(PoolError, match="4 bad line") as error:
+            import_jsonl(target, export)
+        assert len(target) == 0
+    message = str(error.value)
+    assert "line 3: a JSON int" in message and "'step'" in message and "line 6" in message and "missing" in message
 
 
 def test_the_summary_parser_is_linear_on_unclosed_json():
@@ -173,3 +174,96 @@ def test_the_summary_parser_is_linear_on_unclosed_json():
     start = time.perf_counter()
     assert parse_summary("{" * 200_000) is None and parse_summary("PRINCIPLES " + "{ " * 100_000) is None
     assert time.perf_counter() - start < 2.0
+
+
+# -- round three (issue 37): foreign files, all-or-nothing imports, concurrent creation ---------------------------
+
+@pytest.mark.parametrize("make", ["empty-sqlite", "user-version", "zero-bytes"])
+def test_another_applications_file_is_refused_and_left_byte_for_byte(tmp_path, make):
+    from lanpo.cli import main
+
+    path = tmp_path / "theirs.sqlite"
+    if make == "zero-bytes":
+        path.write_bytes(b"")
+    else:
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA user_version = 7" if make == "user-version" else "VACUUM")
+        conn.commit()
+        conn.close()
+        if path.stat().st_size == 0:  # sqlite wrote nothing for a bare VACUUM: give it a header
+            conn = sqlite3.connect(path)
+            conn.execute("PRAGMA application_id = 12345")
+            conn.commit()
+            conn.close()
+    before = path.read_bytes()
+    export = tmp_path / "export.jsonl"
+    export_jsonl(_pool_with_one_entry(tmp_path), export)
+    assert main(["pool", "import", str(path), str(export)]) == 2
+    with pytest.raises(PoolError, match="will not"):
+        ExperiencePool(path)
+    assert path.read_bytes() == before
+
+
+def _pool_with_one_entry(tmp_path: Path) -> ExperiencePool:
+    pool = ExperiencePool(tmp_path / "source.sqlite")
+    pool.add([PoolEntry("p", "q", "f", ["a principle"], ["a pitfall"])])
+    return pool
+
+
+@pytest.mark.parametrize("bad", ["newer-schema", "bad-json", "every-line-bad", "not-utf8"])
+def test_an_import_with_any_bad_line_imports_nothing_and_creates_no_pool_file(tmp_path, capsys, bad):
+    from lanpo.cli import main
+
+    good = json.dumps({"type": "entry", "problem_id": "p", "problem": "q", "flow_of_thought": "f",
+                       "principles": ["a"], "pitfalls": []})
+    lines = [json.dumps({"type": "header", "schema_version": 1})] + [good] * 5001
+    if bad == "newer-schema":
+        lines.insert(5002, json.dumps({"type": "header", "schema_version": 99}))
+    elif bad == "bad-json":
+        lines.insert(5002, "{broken")
+    elif bad == "every-line-bad":
+        lines = ["[1]", "{no", "7"]
+    export = tmp_path / "export.jsonl"
+    data = "\n".join(lines).encode() + b"\n"
+    export.write_bytes(data + (b'{"type": "entry", "problem": "caf\xe9"}\n' if bad == "not-utf8" else b""))
+    target = tmp_path / "new.sqlite"
+    assert main(["pool", "import", str(target), str(export)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ("line" in err or "newer" in err), err
+    assert not target.exists() and not list(tmp_path.glob(".new.sqlite*"))
+    existing = tmp_path / "existing.sqlite"
+    with ExperiencePool(existing) as pool:
+        pool.add([PoolEntry("x", "y", "z", ["kept"], [])])
+    digest = ExperiencePool(existing, readonly=True).digest()
+    assert main(["pool", "import", str(existing), str(export)]) == 2
+    assert ExperiencePool(existing, readonly=True).digest() == digest  # all or nothing
+
+
+CREATE_AT_ONCE = """
+import sys, time
+from lanpo.pool import ExperiencePool
+start = float(sys.argv[2])
+while time.time() < start:
+    pass
+with ExperiencePool(sys.argv[1]) as pool:
+    pool.add([__import__("lanpo.pool").pool.PoolEntry("p", "q", "f", ["a"], [])])
+print("ok")
+"""
+
+
+def test_many_processes_creating_the_same_new_pool_at_once_all_succeed_and_stale_journals_go(tmp_path):
+    script = tmp_path / "create.py"
+    script.write_text(CREATE_AT_ONCE)
+    for round_ in range(3):
+        path = tmp_path / f"pool{round_}.sqlite"
+        stale = path.with_name(f".{path.name}.999999.creating-journal")  # left by a kill long ago
+        stale.write_bytes(b"x")
+        os.utime(stale, (time.time() - 3600, time.time() - 3600))
+        start = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, str(script), str(path), str(start)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        results = [p.communicate(timeout=120) for p in procs]
+        assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in results if err]
+        with ExperiencePool(path, readonly=True) as pool:
+            assert len(pool) == 8
+        assert not stale.exists() and not list(tmp_path.glob(f".{path.name}.*"))

@@ -166,7 +166,10 @@ class ExperiencePool:
             return
         if self.path.is_dir():
             raise PoolError(f"{self.path} is a directory, not a pool file.")
-        exists = self.path.exists() and self.path.stat().st_size > 0
+        exists = self.path.exists()
+        if exists and self.path.stat().st_size == 0:  # lanpo renames a complete pool into place: not one of ours
+            raise PoolError(f"{self.path} is an empty file that lanpo did not create; lanpo will not replace it "
+                            "(delete it, or name another pool).")
         if exists and not readonly and self._unfinished():  # an older lanpo was killed while creating it
             self.path.unlink()
             exists = False
@@ -200,14 +203,14 @@ class ExperiencePool:
                             "lanpo will not touch it.")
 
     def _unfinished(self) -> bool:
-        """A lanpo pool whose creation never finished: our application id (or none), no schema version, no data."""
+        """A lanpo pool whose creation never finished: our application id, no schema version, no data."""
         in_use = any(self.path.with_name(self.path.name + suffix).exists() for suffix in ("-wal", "-shm", "-journal"))
         if in_use or not is_sqlite_file(self.path):
             return False  # another connection may have it open: never a file to delete
         conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         try:
-            if conn.execute("PRAGMA application_id").fetchone()[0] not in (0, APPLICATION_ID):
-                return False
+            if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+                return False  # another application's database, empty or not: never ours to delete
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             if not tables <= {"meta", "entries", "attempts", "sqlite_sequence"}:
                 return False
@@ -223,9 +226,12 @@ class ExperiencePool:
     def _create_file(self) -> None:
         """Build the empty pool under a temporary name, then rename it into place (a kill leaves no pool)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in self.path.parent.glob(f".{self.path.name}.*.creating"):  # left by a kill during creation
-            if time.time() - stale.stat().st_mtime > 60:
-                stale.unlink(missing_ok=True)
+        for stale in self.path.parent.glob(f".{self.path.name}.*.creating*"):  # a kill during creation left it
+            try:  # (with its -journal); another process may rename or remove its own at any moment
+                if time.time() - stale.stat().st_mtime > 60:
+                    stale.unlink(missing_ok=True)
+            except FileNotFoundError:
+                pass
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
         conn = sqlite3.connect(tmp)
         try:
@@ -277,11 +283,12 @@ class ExperiencePool:
         if self.readonly:
             raise PoolError(f"The pool {self.path} was opened read-only.")
 
-    def add(self, entries: Iterable[PoolEntry], _notify: bool = True) -> list[int]:
-        """Insert entries in one transaction; evict the oldest beyond the per-problem cap. Returns new ids."""
+    def add(self, entries: Iterable[PoolEntry], _notify: bool = True, attempts: Iterable[Attempt] = ()) -> list[int]:
+        """Insert entries (and ``attempts``) in one transaction, all or none; evict the oldest beyond the
+        per-problem caps. Returns the entries' new ids."""
         self._writable()
-        entries = list(entries)
-        if not entries:
+        entries, attempts = list(entries), list(attempts)
+        if not entries and not attempts:
             return []
         rows = [(e.problem_id, e.problem, e.flow_of_thought, json.dumps(e.principles), json.dumps(e.pitfalls),
                  int(e.step), json.dumps(e.rollout_ids), None if e.correct is None else int(bool(e.correct)),
@@ -289,11 +296,13 @@ class ExperiencePool:
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer between MAX(id) and insert
             start = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM entries").fetchone()[0]
-            self.conn.executemany(
+            self.conn.executemany(  # (no rows: nothing)
                 "INSERT INTO entries (problem_id, problem, flow_of_thought, principles, pitfalls, step, rollout_ids, "
                 "correct, reward, model_step, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             ids = [r[0] for r in self.conn.execute("SELECT id FROM entries WHERE id > ? ORDER BY id", (start,))]
             evicted = self._evict("entries", {e.problem_id for e in entries}, self.cap_per_problem)
+            if attempts:
+                self._insert_attempts(attempts)
         for entry, new_id in zip(entries, ids):
             entry.id = new_id
         if _notify:
@@ -323,10 +332,13 @@ class ExperiencePool:
             return
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")
-            self.conn.executemany(
-                "INSERT INTO attempts (problem_id, problem, text, step, created) VALUES (?, ?, ?, ?, ?)",
-                [(a.problem_id, a.problem, a.text, int(a.step), float(a.created)) for a in attempts])
-            self._evict("attempts", {a.problem_id for a in attempts}, self.attempts_per_problem)
+            self._insert_attempts(attempts)
+
+    def _insert_attempts(self, attempts: list[Attempt]) -> None:
+        self.conn.executemany(
+            "INSERT INTO attempts (problem_id, problem, text, step, created) VALUES (?, ?, ?, ?, ?)",
+            [(a.problem_id, a.problem, a.text, int(a.step), float(a.created)) for a in attempts])
+        self._evict("attempts", {a.problem_id for a in attempts}, self.attempts_per_problem)
 
     # -- reading -----------------------------------------------------------------------------------------------
 

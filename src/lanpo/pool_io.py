@@ -64,17 +64,20 @@ def check_export(path: str | Path) -> Path:
     return path
 
 
-def import_jsonl(pool: ExperiencePool, path: str | Path, batch: int = 5000) -> dict:
-    """Add the entries and attempts of an export to ``pool``. Returns counts and the bad lines with reasons."""
+def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
+    """Every entry and attempt of an export, checked: a bad line (not JSON, not UTF-8, a missing or mistyped
+    field, an unknown type, a newer schema) raises :class:`PoolError` naming the lines, so an import is all or
+    nothing."""
     path = check_export(path)
-    counts: dict = {"entries": 0, "attempts": 0, "skipped": 0, "bad_lines": []}
     entries: list[PoolEntry] = []
     attempts: list[Attempt] = []
-    with path.open(encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
+    bad: list[str] = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
             try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
                 data = json.loads(line)
                 if not isinstance(data, dict):
                     raise ValueError(f"a JSON {type(data).__name__}, not an object")
@@ -82,7 +85,8 @@ def import_jsonl(pool: ExperiencePool, path: str | Path, batch: int = 5000) -> d
                 if kind == "header":
                     version = data.get("schema_version", SCHEMA_VERSION)
                     if isinstance(version, int) and version > SCHEMA_VERSION:
-                        raise PoolError(f"{path} was exported by a newer pool schema ({version}); upgrade lanpo.")
+                        raise PoolError(f"{path} line {number}: exported by a newer pool schema ({version}); "
+                                        "upgrade lanpo to import it. Nothing was imported.")
                     continue
                 if kind == "attempt":
                     attempts.append(_attempt(data))
@@ -91,15 +95,22 @@ def import_jsonl(pool: ExperiencePool, path: str | Path, batch: int = 5000) -> d
                     entries.append(PoolEntry.from_dict(data))
                 else:
                     raise ValueError(f"unknown type {kind!r}")
-            except (ValueError, TypeError, json.JSONDecodeError) as error:
-                counts["skipped"] += 1
-                if len(counts["bad_lines"]) < MAX_REPORTED:
-                    counts["bad_lines"].append(f"line {number}: {error}")
-                continue
-            if len(entries) >= batch:
-                counts["entries"] += len(pool.add(entries))
-                entries = []
-    counts["entries"] += len(pool.add(entries))
-    pool.add_attempts(attempts)
-    counts["attempts"] = len(attempts)
-    return counts
+            except UnicodeDecodeError as error:
+                bad.append(f"line {number}: not UTF-8 (byte {error.start})")
+            except (ValueError, TypeError) as error:
+                bad.append(f"line {number}: {error}")
+    if bad:
+        shown = "; ".join(bad[:MAX_REPORTED]) + (f"; and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED
+                                                  else "")
+        raise PoolError(f"{path}: {len(bad)} bad line(s), nothing imported (an import is all or nothing): {shown}")
+    if not entries and not attempts:
+        raise PoolError(f"{path} holds no entry and no attempt: nothing to import.")
+    return entries, attempts
+
+
+def import_jsonl(pool: ExperiencePool, path: str | Path) -> dict:
+    """Add every entry and attempt of an export to ``pool`` in one transaction, or none (see :func:`read_export`).
+    Returns the counts."""
+    entries, attempts = read_export(path)
+    pool.add(entries, attempts=attempts)
+    return {"entries": len(entries), "attempts": len(attempts)}
