@@ -48,7 +48,17 @@ def workdir(tmp_path, monkeypatch):
     (tmp_path / "garbage").mkdir()
     (tmp_path / "garbage" / "metrics.jsonl").write_text("not json\n[1, 2]\n")
     (tmp_path / "export.jsonl").write_text(json.dumps({"type": "header", "schema_version": 1}) + "\n")
+    for name, text in (("typed-list", "learning_rate: [0.001]\n"), ("typed-map", "num_generations: {a: 1}\n"),
+                       ("typed-null", "beta: null\n"), ("typed-choice", "context_in_loss: [strip]\n"),
+                       ("typed-str", "data: [gsm8k, math]\n")):
+        (tmp_path / f"{name}.yaml").write_text(text)
+    (tmp_path / "latin1.yaml").write_bytes("learning_rate: 0.001\n# caf\u00e9\n".encode("latin-1"))
+    (tmp_path / "nosteps").mkdir()
+    (tmp_path / "nosteps" / "metrics.jsonl").write_text("")
     return tmp_path
+
+
+UNWRITABLE = "/sys/kernel/lanpo-unwritable"  # sysfs refuses new files even to root
 
 
 CASES = [  # (argv, what the message must name)
@@ -107,6 +117,14 @@ CASES = [  # (argv, what the message must name)
     (["train", "--summaries_per_group", "-1"], "summaries_per_group"), (["train", "--pool_cap", "0"], "pool_cap"),
     # lanpo sft
     (["sft"], "--data"), (["sft", "--data", "missing.jsonl"], "missing.jsonl"),
+    # round three (issue 37): wrongly typed YAML values, bad encodings, outputs that cannot be written, empty runs
+    (["train", "--config", "typed-list.yaml"], "learning_rate"), (["train", "--config", "typed-map.yaml"],
+                                                                  "num_generations"),
+    (["train", "--config", "typed-null.yaml"], "beta"), (["train", "--config", "typed-choice.yaml"], "context_in_loss"),
+    (["train", "--config", "typed-str.yaml"], "data is a list"), (["train", "--config", "latin1.yaml"], "line 2"),
+    (["train", "--output_dir", UNWRITABLE], UNWRITABLE), (["eval", "--out", UNWRITABLE, "--limit", "2"], UNWRITABLE),
+    (["sft-data", "--out", UNWRITABLE + "/x.jsonl"], UNWRITABLE), (["report", "nosteps"], "no step"),
+    (["eval", "--top-p", "0"], "--top-p"),
 ]
 
 

@@ -213,3 +213,38 @@ def test_held_out_levels_load_through_eval_benchmarks():
         load_eval_problems("builtin:arith?levels=1,2&split=test,builtin:arith?split=test", 8)
     problems = load_eval_problems("builtin:arith?levels=1,2&split=test", 128)["arith"]
     assert len(problems) == 128 and {p.source for p in problems} == {"builtin:arith/L1", "builtin:arith/L2"}
+
+
+# -- round three (issue 37): inputs that used to pass silently ----------------------------------------------------
+
+@pytest.mark.parametrize("answer", [{"value": 5}, [[1, 2]], [{"a": 1}], {"answers": ["5"]}])
+def test_an_answer_that_is_an_object_is_skipped_and_its_row_named(tmp_path, caplog, answer):
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [{"problem": "1+1?", "answer": "2"},
+                                                       {"problem": "2+2?", "answer": answer}]) + "\n")
+    problems = load_problems(str(path))
+    assert [p.answer for p in problems] == ["2"]
+    assert "answer is an object" in caplog.text and "row(s) 2" in caplog.text
+
+
+def test_a_problem_far_longer_than_any_math_problem_is_skipped_and_named(tmp_path, caplog):
+    from lanpo.data import MAX_PROBLEM_CHARS
+
+    path = tmp_path / "rows.jsonl"
+    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "x" * (50 * 2**20), "answer": "3"},
+            {"problem": "y" * MAX_PROBLEM_CHARS, "answer": "4"}]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    problems = load_problems(str(path))
+    assert [p.answer for p in problems] == ["2", "4"]  # at the limit: kept
+    assert f"longer than {MAX_PROBLEM_CHARS:,}" in caplog.text and "row(s) 2" in caplog.text
+
+
+def test_bytes_that_are_not_utf8_name_their_file_and_line(tmp_path, caplog):
+    lines = tmp_path / "rows.jsonl"
+    lines.write_bytes(b'{"problem": "1+1?", "answer": "2"}\n{"problem": "caf\xe9", "answer": "3"}\n')
+    assert [p.answer for p in load_problems(str(lines))] == ["2"]
+    assert "rows.jsonl:2 is not UTF-8" in caplog.text
+    whole = tmp_path / "rows.json"
+    whole.write_bytes(b'[{"problem": "1+1?",\n "answer": "caf\xe9"}]')
+    with pytest.raises(DataError, match="rows.json is not UTF-8: line 2"):
+        load_problems(str(whole))

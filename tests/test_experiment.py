@@ -140,8 +140,10 @@ def test_a_grid_extends_another_and_keeps_its_own_name_and_runs(tmp_path):
 def test_an_arm_with_a_bad_field_is_named_before_any_cell_runs(tiny_model_dir, tmp_path, monkeypatch):
     grid_file = tiny_grid(tmp_path, tiny_model_dir, arms={"ok": {}, "bad": {"feedback_ratio": 3.0}})
     monkeypatch.setattr(experiment, "run_cell", lambda *a: pytest.fail("ran a cell before validating every arm"))
+    before = sorted(p for p in tmp_path.rglob("*"))
     with pytest.raises(GridError, match="arm 'bad'.*feedback_ratio"):
         experiment.run_grid(load_grid(grid_file))
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # no cell's YAML left behind
 
 
 def test_seeds_outside_the_grid_are_refused(tiny_model_dir, tmp_path, monkeypatch):

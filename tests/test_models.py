@@ -69,3 +69,25 @@ def test_answers_are_graded_leniently_only_for_the_embedded_model():
     assert default_extraction("Qwen/Qwen2.5-7B-Instruct") == "strict"
     assert default_extraction("runs/sft-embedded/final") == "strict"
     assert _extraction(None, "smollm2-135m") == "lenient" and _extraction("strict", "smollm2-135m") == "strict"
+
+
+@pytest.mark.parametrize("cores,processes,expected", [(2, 1, 2), (2, 2, 1), (16, 4, 4), (1, 4, 1)])
+def test_torch_threads_are_the_cores_this_process_may_use_shared_by_lanpos_processes(monkeypatch, cores, processes,
+                                                                                     expected):
+    import os
+
+    import torch
+
+    from lanpo.models import size_cpu_threads
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    before = torch.get_num_threads()
+    try:
+        assert size_cpu_threads() == expected and torch.get_num_threads() == expected
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the user's choice wins
+        torch.set_num_threads(1)
+        assert size_cpu_threads() == 1
+    finally:
+        torch.set_num_threads(before)

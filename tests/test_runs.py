@@ -352,3 +352,79 @@ def test_a_first_checkpoint_that_fails_says_how_to_start_again_and_that_command_
     assert command[:2] == ["lanpo", "train"] and not list(run.glob("checkpoint-*"))
     monkeypatch.undo()
     assert main(command[1:]) == 0 and (run / "checkpoint-1").is_dir() and (run / "final").is_dir()
+
+
+# -- nothing lost, round three (issue 37) -------------------------------------------------------------------------
+
+def _samples_steps(run: Path, log: str = "samples.jsonl") -> list[int]:
+    return sorted(json.loads(line)["step"] for line in (run / log).read_text().splitlines())
+
+
+def test_resuming_a_finished_run_does_nothing_and_a_missing_final_model_is_written_without_training(
+        tiny_model_dir, tmp_path, caplog):
+    caplog.set_level("INFO", logger="lanpo")
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(tiny_model_dir, run)]) == 0
+    final = (run / "final" / "model.safetensors").read_bytes()
+    before = {log: (run / log).read_text() for log in ("metrics.jsonl", "samples.jsonl")}
+    assert main(["train", "--output_dir", str(run), "--resume", "latest"]) == 0
+    assert "nothing to do" in caplog.text
+    assert sorted(p.name for p in checkpoints_of(run)) == ["checkpoint-1", "checkpoint-2"]
+    assert (run / "final" / "model.safetensors").read_bytes() == final
+    assert {log: (run / log).read_text() for log in before} == before
+    shutil.rmtree(run / "final")  # killed after its last checkpoint, before the final model
+    assert main(["train", "--output_dir", str(run), "--resume", "latest"]) == 0
+    assert (run / "final" / "model.safetensors").read_bytes() == final  # the checkpoint's weights, no extra step
+    assert not (run / "checkpoint-3").exists() and {log: (run / log).read_text() for log in before} == before
+
+
+def checkpoints_of(run: Path) -> list[Path]:
+    from lanpo.checkpoints import checkpoints
+
+    return checkpoints(run)
+
+
+def test_a_config_edited_by_hand_after_a_checkpoint_is_refused_on_resume(tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", *tiny_args(tiny_model_dir, run, max_steps=1)]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    (run / "config.yaml").write_text(yaml.safe_dump({**saved, "num_generations": 2}, sort_keys=False))
+    assert main(["train", "--output_dir", str(run), "--resume", "latest", "--max_steps", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "edited after checkpoint-1" in err and "num_generations: 4 -> 2" in err
+    assert not (run / "checkpoint-2").exists()
+
+
+@pytest.mark.slow
+def test_samples_and_retrievals_after_two_killed_resumes_equal_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
+    assert _script(args(reference), {}).returncode == 0
+    assert _script(args(run), {"LANPO_KILL_AT": "save:2"}).returncode == -9
+    resume = ["--output_dir", str(run), "--resume", "latest"]
+    assert _script(resume, {"LANPO_KILL_AT": "save:3"}).returncode == -9
+    done = _script(resume, {})
+    assert done.returncode == 0, done.stderr[-3000:]
+    for log in ("samples.jsonl", "retrievals.jsonl"):
+        assert _samples_steps(run, log) == _samples_steps(reference, log), log
+    assert steps_logged(run) == steps_logged(reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["step:2", "save:2"])
+def test_ctrl_c_mid_step_or_mid_save_says_where_the_run_stands_in_one_line_and_resume_loses_nothing(
+        tiny_model_dir, tmp_path, where):
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=3)  # noqa: E731
+    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref")})
+    assert done.returncode == 0, done.stderr[-3000:]
+    stopped = _script(args(run), {"LANPO_INTERRUPT_AT": where})
+    assert stopped.returncode == 130, stopped.stderr[-3000:]
+    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr[-3000:]
+    [line] = [x for x in stopped.stderr.splitlines() if "interrupted" in x]
+    assert f"--resume latest --output_dir {run}" in line and "checkpoint-1" in line
+    resumed = _script(["--output_dir", str(run), "--resume", "latest"], {"LANPO_REPORT": str(tmp_path / "res")})
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [ref], [res] = _report(tmp_path / "ref", 1), _report(tmp_path / "res", 1)
+    assert res["digest"] == ref["digest"] and steps_logged(run) == steps_logged(reference)
+    assert _samples_steps(run) == _samples_steps(reference)

@@ -4,6 +4,7 @@
   fills and every pending trial becomes an entry whose rollout id says which step and process it came from;
 * ``LANPO_KILL_AT=step:N`` SIGKILLs every process in the middle of step N (after its rollouts), and
   ``LANPO_KILL_AT=save:N`` while checkpoint-N is being written (after the model, before the RNG states);
+  ``LANPO_INTERRUPT_AT`` sends SIGINT (Ctrl-C) at the same places instead;
 * ``LANPO_REPORT=DIR`` makes every process write ``DIR/rank{k}.json`` with its pool's digest and entries, and
   the last step's gathered rewards, feedback flags and this process's advantages;
 * ``LANPO_LENGTH_REWARD=1`` rewards completion length (mod 4), so rewards vary between rollouts.
@@ -36,7 +37,7 @@ def _canned_summaries() -> None:
     LanpoTrainer._generate_ids = generate
 
 
-def _kill_at(spec: str) -> None:
+def _kill_at(spec: str, sig: int = signal.SIGKILL) -> None:
     where, step = spec.split(":")
     step = int(step)
     hook = {"step": "_after_rollouts", "save": "_save_rng_state"}[where]
@@ -44,7 +45,7 @@ def _kill_at(spec: str) -> None:
 
     def killer(self, *args, **kwargs):
         if self.state.global_step == (step - 1 if where == "step" else step):
-            os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), sig)
         return original(self, *args, **kwargs)
 
     setattr(LanpoTrainer, hook, killer)
@@ -87,6 +88,8 @@ def main() -> int:
     _canned_summaries()
     if os.environ.get("LANPO_KILL_AT"):
         _kill_at(os.environ["LANPO_KILL_AT"])
+    if os.environ.get("LANPO_INTERRUPT_AT"):
+        _kill_at(os.environ["LANPO_INTERRUPT_AT"], signal.SIGINT)
     if os.environ.get("LANPO_LENGTH_REWARD"):
         _length_reward()
     if os.environ.get("LANPO_REPORT"):

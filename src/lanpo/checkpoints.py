@@ -3,8 +3,9 @@
 A checkpoint is written under ``RUN/.staging/checkpoint-N`` (the model, optimizer, RNG states, trainer state,
 then lanpo's pool and each process's pending summaries) and renamed to ``RUN/checkpoint-N`` only when every
 process has finished writing: a run killed mid-save leaves no ``checkpoint-N`` that looks resumable, and
-``--resume latest`` always means the newest complete one. On resume, ``metrics.jsonl``, ``samples.jsonl`` and ``retrievals.jsonl``
-are cut back to the checkpoint's step, so the steps re-run after it are not logged twice.
+``--resume latest`` always means the newest complete one. On resume, ``metrics.jsonl``, ``samples.jsonl`` and
+``retrievals.jsonl`` are cut back to the checkpoint's step, so the steps re-run after it are not logged twice. Each
+checkpoint keeps a copy of the run's ``config.yaml``, so a resume can tell when that file was edited since.
 """
 
 from __future__ import annotations
@@ -139,10 +140,19 @@ def restore(folder: Path, pool, rank: int, world_size: int, run_dir: Path) -> li
                                 "completely), so the experience pool cannot be resumed.")
     pool.restore_from(folder / POOL_FILE)
     step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
-    if rank == 0:
-        for log in ("metrics.jsonl", "samples.jsonl", "retrievals.jsonl"):
-            trim_jsonl(run_dir / log, step)
+    if rank == 0:  # metrics carry the step they report (1-based); samples and retrievals the step they were
+        trim_jsonl(run_dir / "metrics.jsonl", step)  # generated at (0-based): those of step N are re-generated
+        for log in ("samples.jsonl", "retrievals.jsonl"):
+            trim_jsonl(run_dir / log, step - 1)
     return read_pending(folder, rank, world_size)
+
+
+def finished_step(folder: Path, max_steps: int) -> int | None:
+    """The step of checkpoint ``folder`` when it is the end of its run (``max_steps``, or the run's own planned
+    steps when ``max_steps`` is -1), else None."""
+    state = json.loads((folder / "trainer_state.json").read_text())
+    target = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return state["global_step"] if target and state["global_step"] >= target else None
 
 
 def trim_jsonl(path: Path, max_step: int) -> int:

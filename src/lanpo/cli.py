@@ -33,6 +33,14 @@ def unit_interval(text: str) -> float:
     return value
 
 
+def probability(text: str) -> float:
+    """A probability mass to keep, in (0, 1] (``--top-p 0`` would keep nothing)."""
+    value = float(text) if text.replace(".", "", 1).replace("e-", "", 1).isdigit() else None
+    if value is None or not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
 def new_path(kind: str):
     """An output path that is not already a thing of the other kind (a file where a folder goes, or the reverse)."""
     def parse(text: str) -> str:
@@ -86,7 +94,7 @@ def _eval_parser(sub) -> None:
     p.add_argument("--k", type=at_least(1), default=4, help="samples per problem (default 4)")
     p.add_argument("--temperature", type=at_least(0.0, float), default=0.7,
                    help="sampling temperature; 0 = greedy (default 0.7)")
-    p.add_argument("--top-p", type=unit_interval, default=1.0)
+    p.add_argument("--top-p", type=probability, default=1.0)
     p.add_argument("--max-new-tokens", type=at_least(1), default=512)
     p.add_argument("--batch-size", type=at_least(1), default=32, help="rows per generate call (default 32)")
     _extraction_arg(p)
@@ -158,8 +166,9 @@ def cmd_eval(args) -> int:
     from .data import default_split, load_problems, split_specs
     from .evaluate import EvalSettings, evaluate, settings_dict, write_results
     from .generation import is_vllm
-    from .models import check_model_name
+    from .models import check_model_name, size_cpu_threads
     from .pool import ExperiencePool
+    from .runlog import check_writable
 
     modes = args.modes
     if "retrieval" in modes and not args.pool:
@@ -174,6 +183,9 @@ def cmd_eval(args) -> int:
     settings = EvalSettings(k=args.k, temperature=args.temperature, top_p=args.top_p,
                             max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                             extraction=_extraction(args.extraction, args.model), rounds=args.rounds, seed=args.seed)
+    out_root = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
+    check_writable(out_root, "--out")  # before the model loads and the evaluation runs
+    size_cpu_threads()
     datasets = {}
     for spec in specs:  # load every data set first: a typo fails before the model loads
         datasets[spec] = load_problems(spec, split=args.split or default_split(spec), limit=args.limit,
@@ -185,7 +197,6 @@ def cmd_eval(args) -> int:
 
         mode_kwargs = retrieval_setup(args.pool, scorer=args.scorer, gamma=args.gamma, top_k=args.top_k,
                                       model=model, tokenizer=tokenizer)
-    out_root = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     for spec, problems in datasets.items():
         results = evaluate(model, tokenizer, problems, settings, modes, **mode_kwargs)
         out = out_root if len(datasets) == 1 else out_root / _slug(spec)
@@ -223,13 +234,14 @@ def _pool_parser(sub) -> None:
 
 def cmd_pool(args) -> int:
     from .pool import ExperiencePool, resolve_pool_path
-    from .pool_io import check_export, export_jsonl, import_jsonl
+    from .pool_io import export_jsonl, read_export
 
     if args.action == "import":
-        source = check_export(args.source)  # before the pool is opened: a wrong source creates nothing
-        with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:
-            counts = import_jsonl(pool, source)
-        print(json.dumps({"pool": str(resolve_pool_path(args.pool)), **counts}, indent=2))
+        entries, attempts = read_export(args.source)  # all checked before the pool is opened: a bad export
+        with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:  # creates nothing
+            pool.add(entries, attempts=attempts)
+        print(json.dumps({"pool": str(resolve_pool_path(args.pool)), "entries": len(entries),
+                          "attempts": len(attempts)}, indent=2))
         return 0
     with ExperiencePool(args.pool, readonly=True) as pool:
         if args.action == "stats":
@@ -369,11 +381,13 @@ def cmd_sft_data(args) -> int:
     from .data import load_problems
     from .presets import training_split
     from .rewards import MathVerifier
+    from .runlog import check_writable
     from .sft_data import EndpointTeacher, build_sft_data
 
     mix = args.mix
     problems = load_problems(args.data, split=training_split(args.data, args.split), limit=args.limit,
                              **_field_kwargs(args))
+    check_writable(Path(args.out).parent, "--out's folder")  # before the teacher loads
     if args.teacher_url:
         teacher = EndpointTeacher(args.teacher_url, args.teacher, temperature=args.temperature,
                                   max_tokens=args.max_new_tokens, api_key=args.api_key)
@@ -436,6 +450,11 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # `lanpo ... | head`
         return 0
+    except KeyboardInterrupt as interrupt:  # Ctrl-C: one line, where things stand (a run says how to go on)
+        if args.verbose:
+            raise
+        print(f"lanpo {args.command}: interrupted{f': {interrupt}' if str(interrupt) else ''}", file=sys.stderr)
+        return 130
     except Exception as error:  # noqa: BLE001 - a command line shows a message, -v the traceback
         if args.verbose:
             raise

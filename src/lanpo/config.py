@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from types import UnionType as _UnionType
 from typing import Literal, get_args
 
 from trl import GRPOConfig
@@ -277,6 +278,38 @@ def flag_value(argv: list[str], name: str) -> str | None:
     return None
 
 
+def check_value_types(values: dict, dataclass_types: tuple, where: str) -> None:
+    """A YAML value of the wrong kind for its field (a list, a mapping or null where a number, a flag or a word
+    goes) fails here, naming the field, instead of as a bare TypeError deep in a dataclass."""
+    import typing
+
+    hints: dict = {}
+    for cls in dataclass_types:
+        try:
+            hints.update(typing.get_type_hints(cls))
+        except Exception:  # noqa: BLE001 - a hint that does not resolve is not checked
+            continue
+    for name, value in values.items():
+        hint = hints.get(name)
+        if hint is None:
+            continue
+        allowed = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, _UnionType) else {hint}
+        origins = {typing.get_origin(a) or a for a in allowed}
+        literal = typing.Literal in origins
+        scalar = origins <= {int, float, bool, str, type(None), typing.Literal}
+        if not scalar:
+            continue
+        if value is None and type(None) not in origins:
+            raise ValueError(f"{where}: {name} is empty (null); it needs a value.")
+        if isinstance(value, list | dict) and not literal:
+            kind = "a list" if isinstance(value, list) else "a mapping"
+            wanted = " or ".join(sorted(t.__name__ for t in origins if t is not type(None)))
+            raise ValueError(f"{where}: {name} is {kind} ({value!r}); it takes one {wanted}.")
+        if isinstance(value, list | dict) and literal:
+            raise ValueError(f"{where}: {name} is {'a list' if isinstance(value, list) else 'a mapping'} "
+                             f"({value!r}); it takes one of its choices.")
+
+
 def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     """TRL's parser over ``dataclass_types`` (``--config FILE.yaml`` plus flags), with ``defaults`` underneath.
 
@@ -293,12 +326,18 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
 
         if not Path(path).is_file():
             raise FileNotFoundError(f"--config {path}: no such file.")
+        raw = Path(path).read_bytes()
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            loaded = yaml.safe_load(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            line = raw[:error.start].count(b"\n") + 1
+            raise ValueError(f"--config {path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") \
+                from None
         except yaml.YAMLError as error:
             raise ValueError(f"--config {path} is not valid YAML: {error}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"--config {path} must hold a mapping of field: value, not {type(loaded).__name__}.")
+        check_value_types(loaded, dataclass_types, f"--config {path}")
     parser = TrlParser(dataclass_types)
     defaults = dict(defaults)
     if torch.cuda.is_available():

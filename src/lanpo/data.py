@@ -75,15 +75,24 @@ ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "uid")
 # Row conversion
 
 
+# A problem longer than this is not a math problem but a data error (a 50 MB row would otherwise reach the
+# tokenizer and ask for a 48 GB allocation): such rows are counted and skipped, naming them. The longest problem
+# of MATH, AIME, AMC and GSM8K is under 3,000 characters.
+MAX_PROBLEM_CHARS = 16_000
+
+
 @dataclass
 class LoadStats:
     rows: int = 0
     kept: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     unit_notes_removed: int = 0  # golds like "9 (apples)" kept as "9"
+    examples: dict[str, list[int]] = field(default_factory=dict)  # the first rows (1-based) skipped per reason
 
-    def skip(self, reason: str) -> None:
+    def skip(self, reason: str, row: int | None = None) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if row is not None and len(self.examples.setdefault(reason, [])) < 3:
+            self.examples[reason].append(row)
 
 
 def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | None:
@@ -150,7 +159,7 @@ def rows_to_problems(
     for index, row in enumerate(rows):
         stats.rows += 1
         if not isinstance(row, dict):
-            stats.skip("not an object")
+            stats.skip("not an object", index + 1)
             continue
         p_key = None if problem_template else _pick(row, problem_field, PROBLEM_FIELDS)
         a_key = _pick(row, answer_field, ANSWER_FIELDS)
@@ -177,15 +186,23 @@ def rows_to_problems(
         # A field found by guessing that is called "solution" holds a worked solution: take its last \boxed{}.
         guessed_solution = a_key == "solution" and answer_field != "solution" and answer_format == "plain"
         fmt = ANSWER_FORMATS["boxed"] if guessed_solution else to_answer
+        raw_answer = row.get(a_key) if a_key else None
+        if isinstance(raw_answer, dict) or (isinstance(raw_answer, list | tuple) and
+                                            any(isinstance(v, dict | list | tuple) for v in raw_answer)):
+            stats.skip("answer is an object, not a number or text", index + 1)  # never a gold that cannot verify
+            continue
         try:
-            answer = fmt(row.get(a_key)) if a_key else None
+            answer = fmt(raw_answer) if a_key else None
         except Exception:  # a malformed answer never stops a load
             answer = None
         if not text:
-            stats.skip("missing problem")
+            stats.skip("missing problem", index + 1)
+            continue
+        if len(text) > MAX_PROBLEM_CHARS:
+            stats.skip(f"problem longer than {MAX_PROBLEM_CHARS:,} characters", index + 1)
             continue
         if not answer:
-            stats.skip("missing answer")
+            stats.skip("missing answer", index + 1)
             continue
         if (bare := strip_unit_note(answer)) != answer:
             answer = bare
@@ -199,7 +216,10 @@ def rows_to_problems(
         problems.append(Problem(pid, text, answer, source))
         stats.kept += 1
     if stats.skipped:
-        logger.warning("%s: kept %d of %d rows; skipped %s", source, stats.kept, stats.rows, stats.skipped)
+        rows_named = "; ".join(f"{reason}: row(s) {', '.join(map(str, rows))}{' ...' if stats.skipped[reason] > 3 else ''}"
+                               for reason, rows in stats.examples.items())
+        logger.warning("%s: kept %d of %d rows; skipped %s%s", source, stats.kept, stats.rows, stats.skipped,
+                       f" ({rows_named})" if rows_named else "")
     if stats.unit_notes_removed:
         logger.info("%s: %d gold answers had a unit note in parentheses, removed (\"9 (apples)\" -> \"9\")",
                     source, stats.unit_notes_removed)
@@ -211,8 +231,14 @@ def read_rows(path: Path) -> list[dict]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows: list[Any] = []
-        with path.open(encoding="utf-8") as handle:
-            for number, line in enumerate(handle, 1):
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    logger.warning("%s:%d is not UTF-8 (byte %d of the line); skipped", path, number, error.start)
+                    rows.append(None)
+                    continue
                 if not line.strip():
                     continue
                 try:
@@ -222,8 +248,12 @@ def read_rows(path: Path) -> list[dict]:
                     rows.append(None)
         return rows
     if suffix == ".json":
+        raw = path.read_bytes()
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            line = raw[:error.start].count(b"\n") + 1
+            raise DataError(f"{path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
         except json.JSONDecodeError as error:
             raise DataError(f"{path} is not valid JSON: {error}") from error
         if isinstance(data, dict):

@@ -151,16 +151,26 @@ def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
     """Every cell's config through ``lanpo train``'s own parsing (no model loads): errors name the arm."""
     from .train import parse
 
-    for arm, seed in cells:
-        spec = grid.run_dir(arm, seed).with_suffix(".yaml")
-        spec.parent.mkdir(parents=True, exist_ok=True)
-        spec.write_text(yaml.safe_dump(grid.config(arm, seed), sort_keys=False))
-        try:
-            parse(["--config", str(spec)])
-        except (ValueError, TypeError) as error:
-            raise GridError(f"arm {arm!r} (seed {seed}): {error}") from error
-        except SystemExit as error:  # argparse printed why
-            raise GridError(f"arm {arm!r} (seed {seed}): its config does not parse (see above).") from error
+    written: list[Path] = []  # what this validation created, removed again when a cell is refused
+    try:
+        for arm, seed in cells:
+            spec = grid.run_dir(arm, seed).with_suffix(".yaml")
+            written += [p for p in (*reversed(spec.parents), spec) if not p.exists()]
+            spec.parent.mkdir(parents=True, exist_ok=True)
+            spec.write_text(yaml.safe_dump(grid.config(arm, seed), sort_keys=False))
+            try:
+                parse(["--config", str(spec)])
+            except (ValueError, TypeError) as error:
+                raise GridError(f"arm {arm!r} (seed {seed}): {error}") from error
+            except SystemExit as error:  # argparse printed why
+                raise GridError(f"arm {arm!r} (seed {seed}): its config does not parse (see above).") from error
+    except GridError:
+        for path in reversed(written):  # files, then their folders, deepest first
+            try:
+                path.unlink() if path.is_file() else path.rmdir()
+            except OSError:
+                pass
+        raise
 
 
 def cell_env(jobs: int, environ: dict[str, str] | None = None, cpus: int | None = None) -> dict[str, str]:

@@ -185,6 +185,10 @@ def render(runs: list[dict], title: str = "lanpo report") -> str:
 
 def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
     runs = [collect(r) for r in run_dirs]
+    empty = [str(d) for d, r in zip(run_dirs, runs) if not any(r["metrics"].values())]
+    if empty:
+        raise ValueError(f"{', '.join(empty)}: metrics.jsonl holds no step yet, so there is nothing to report "
+                         "(a run logs its first step after its first optimizer step).")
     out = Path(out) if out else Path(run_dirs[0]) / "report.html"
     title = "lanpo report: " + ", ".join(r["name"] for r in runs)
     tmp = out.with_name(out.name + ".tmp")

@@ -67,6 +67,9 @@ def _worker_main(conn: Connection) -> None:  # pragma: no cover - runs in the ch
     """Verify (index, gold, prediction) items one by one, replying with (index, score, error)."""
     import functools
     import logging as _logging
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: no traceback from here
 
     _logging.getLogger("math_verify").setLevel(_logging.CRITICAL)
     from math_verify import parse, verify

@@ -8,6 +8,7 @@ The trainer gathers the numbers; the functions here turn them into metric names 
 from __future__ import annotations
 
 import json
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -276,3 +277,23 @@ def plot_compare(runs: dict[str, list[dict]], out: str | Path,
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Fail before any work when ``folder`` (created if missing) cannot take files: a write probe, then every
+    folder the probe created is removed again, so a check leaves nothing behind either way."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".lanpo-write-check-"):
+            pass
+    except OSError as error:
+        raise OSError(f"{what} {folder} cannot be written ({error.strerror or error}): nothing was run; name a "
+                      "folder you can write to.") from None
+    finally:
+        for created in missing:  # deepest first
+            try:
+                created.rmdir()
+            except OSError:
+                pass

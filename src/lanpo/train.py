@@ -189,7 +189,13 @@ def parse(argv: list[str]):
         logger.info("eval_benchmarks not named: evaluating %s, the held-out split of %s", config.eval_benchmarks,
                     train_args.data)
     if saved is not None:
-        _check_resume_changes(yaml.safe_load(saved.read_text()), resolved_config(train_args, model_args, config))
+        resolved = resolved_config(train_args, model_args, config)
+        _check_resume_changes(yaml.safe_load(saved.read_text()), resolved)
+        checkpoint, _ = resume_target(train_args.resume, config.output_dir)
+        trained_with = Path(checkpoint) / "config.yaml"
+        if trained_with.is_file():  # config.yaml edited by hand since: the checkpoint's own copy decides
+            _check_resume_changes(yaml.safe_load(trained_with.read_text()), resolved,
+                                  f"{saved} was edited after {Path(checkpoint).name} was written")
     return train_args, model_args, config
 
 
@@ -209,13 +215,14 @@ def _saved_config(argv: list[str]) -> Path | None:
     return saved
 
 
-def _check_resume_changes(saved: dict, resolved: dict) -> None:
+def _check_resume_changes(saved: dict, resolved: dict, why: str = "") -> None:
     changed = {k: (saved.get(k), v) for k, v in resolved.items() if k in saved and saved[k] != v
                and k not in CHANGEABLE_ON_RESUME | RUN_CONTROL | {"output_dir"}}
     if changed:
         listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
-        raise ValueError(f"A resumed run keeps its settings; these would make it another run: {listed}. Start a "
-                         f"new run for them (only {', '.join(sorted(CHANGEABLE_ON_RESUME))} may change on resume).")
+        raise ValueError(f"A resumed run keeps its settings{f' ({why})' if why else ''}; these would make it "
+                         f"another run: {listed}. Start a new run for them (only "
+                         f"{', '.join(sorted(CHANGEABLE_ON_RESUME))} may change on resume).")
 
 
 def resume_target(resume: str | None, output_dir: str) -> tuple[str | None, str]:
@@ -260,6 +267,17 @@ def prepare_run_dir(run_dir: Path, resuming: bool, overwrite: bool) -> None:
     checkpoints.discard_staging(run_dir)
 
 
+def interrupted(run_dir: Path, step: int) -> str:
+    """Where an interrupted run stands, and the command that continues it (one line)."""
+    last = checkpoints.latest(run_dir)
+    if last is not None:
+        return (f"stopped with {step} step(s) done; {run_dir} resumes from {last.name} with: lanpo train --resume "
+                f"latest --output_dir {run_dir}")
+    config = run_dir / "config.yaml"
+    start = f"; start it again with: lanpo train --config {config} --overwrite" if config.is_file() else ""
+    return f"stopped with {step} step(s) done, before any checkpoint{start}"
+
+
 def describe(train_args, model_args, config) -> str:
     """The settings a user checks first, one line."""
     steps = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epochs"
@@ -275,9 +293,9 @@ def run(argv: list[str]) -> Path:
     from trl import get_peft_config
 
     from .data import load_problems, to_prompt_dataset
-    from .models import check_model_name, load_tokenizer, resolve_model_path
+    from .models import check_model_name, load_tokenizer, resolve_model_path, size_cpu_threads
     from .presets import training_split
-    from .runlog import model_card, plot_run, push_final_model, save_final_model
+    from .runlog import check_writable, model_card, plot_run, push_final_model, save_final_model
     from .trainer import LanpoTrainer
     from .training_eval import load_eval_problems
 
@@ -287,6 +305,11 @@ def run(argv: list[str]) -> Path:
         print(yaml.safe_dump(resolved, sort_keys=False), end="")
         return Path(config.output_dir)
     checkpoint, config.output_dir = resume_target(train_args.resume, config.output_dir)
+    done = checkpoints.finished_step(Path(checkpoint), config.max_steps) if checkpoint else None
+    if done is not None and (Path(config.output_dir) / "final").is_dir():
+        logger.info("%s finished at step %d (%s): nothing to do; to train longer, resume with a larger --max_steps",
+                    config.output_dir, done, Path(checkpoint).name)
+        return Path(config.output_dir)
     check_model_name(model_args.model_name_or_path)
     if config.push_to_hub:
         from huggingface_hub import constants
@@ -305,9 +328,11 @@ def run(argv: list[str]) -> Path:
         if config.eval_every else None
     run_dir = Path(config.output_dir)
     prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
+    check_writable(run_dir, "--output_dir")  # before the model loads
     created = not run_dir.exists()
     logger.info("Training on %d problems: %s%s", len(problems), describe(train_args, model_args, config),
                 f"; resuming from {checkpoint}" if checkpoint else "")
+    size_cpu_threads()
     model_path = resolve_model_path(model_args.model_name_or_path)
     if model_args.dtype and model_args.dtype != "auto":
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
@@ -324,7 +349,14 @@ def run(argv: list[str]) -> Path:
     if trainer.accelerator.is_main_process:
         name = "config.yaml" if checkpoint is None else "config.resumed.yaml"
         (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
-    trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
+    if done is not None:  # killed between its last checkpoint and its final model: only the final model is missing
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state.global_step = done
+    else:
+        try:
+            trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(interrupted(run_dir, trainer.state.global_step)) from None
     final = save_final_model(trainer, run_dir)
     if trainer.accelerator.is_main_process:
         (final / "README.md").write_text(model_card(resolved, len(problems), trainer.state.global_step))

@@ -8,6 +8,7 @@ checkpoint hooks. With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 import warnings
 from collections import Counter
@@ -281,6 +282,8 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             staged.mkdir(parents=True, exist_ok=True)
             if self.accelerator.is_main_process:
                 self.pool.backup(staged / POOL_FILENAME)
+                if (self.run_dir / "config.yaml").is_file():  # what this checkpoint was trained with
+                    shutil.copyfile(self.run_dir / "config.yaml", staged / "config.yaml")
             checkpoints.write_state(staged, self.accelerator.process_index, self.accelerator.num_processes,
                                     self.state.global_step, self._pending)
             self.accelerator.wait_for_everyone()
