@@ -57,6 +57,7 @@ test-vllm: $(VSTAMP)
 	for t in $$tests; do $(VPY) -m pytest -q -p no:cacheprovider "$$t" || exit 1; done
 
 lint: $(STAMP)
+	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m ruff check src tests benchmarks
 
 clean:

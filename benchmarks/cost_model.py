@@ -25,10 +25,10 @@ import json
 import statistics
 from pathlib import Path
 
-from lanpo.data import load_problems
-from lanpo.generation import chat_ids
-from lanpo.models import load_tokenizer, resolve_model_path
-from lanpo.pool import PoolEntry
+from lanpo.data.loaders import load_problems
+from lanpo.engine.generation import chat_ids
+from lanpo.engine.models import load_tokenizer, resolve_model_path
+from lanpo.pool.store import PoolEntry
 from lanpo.prompts import abstraction_text, clip, reflection_text, relevance_messages, solve_messages, summary_messages
 
 

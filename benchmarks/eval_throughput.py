@@ -18,11 +18,11 @@ import time
 
 import torch
 
-from lanpo.data import builtin_arith
-from lanpo.generation import chat_ids, generate, stop_token_ids
-from lanpo.models import load_model
+from lanpo.data.loaders import builtin_arith
+from lanpo.engine.generation import chat_ids, generate, stop_token_ids
+from lanpo.engine.models import load_model
 from lanpo.prompts import solve_messages
-from lanpo.rewards import MathVerifier
+from lanpo.verify.rewards import MathVerifier
 
 
 def bare_generate(model, tokenizer, prompts, max_new_tokens, temperature):

@@ -1,7 +1,7 @@
 """HF `generate` vs vLLM, side by side in one run: eval-style generation and a LANPO training step.
 
 * eval-style generation: SmolLM2-135M-Instruct, 32 held-out `builtin:arith` prompts x k=4, up to 128 new tokens,
-  T=0.7, through `lanpo.generation.generate` (the path `lanpo eval` uses on either backend); generated tokens per
+  T=0.7, through `lanpo.engine.generation.generate` (the path `lanpo eval` uses on either backend); generated tokens per
   second (each backend's own samples, stop tokens ending rows), load time excluded;
 * a LANPO training step: the embedded default (G=8, 96 new tokens, p_t 0.75) with `use_vllm` false vs colocate;
   median `step_time` of steps 2..N.
@@ -28,8 +28,8 @@ def eval_arm(backend: str) -> dict:
     import torch
 
     from lanpo.cli import load_for_generation
-    from lanpo.data import builtin_arith
-    from lanpo.generation import generate
+    from lanpo.data.loaders import builtin_arith
+    from lanpo.engine.generation import generate
     from lanpo.prompts import solve_messages
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -48,9 +48,9 @@ def eval_arm(backend: str) -> dict:
 
 
 def train_arm(use_vllm: bool, steps: int) -> dict:
-    from lanpo.data import builtin_arith, to_prompt_dataset
-    from lanpo.models import load_tokenizer, resolve_model_path
-    from lanpo.train import parse
+    from lanpo.data.loaders import builtin_arith, to_prompt_dataset
+    from lanpo.engine.models import load_tokenizer, resolve_model_path
+    from lanpo.launch.train import parse
     from lanpo.trainer import LanpoTrainer
 
     out = tempfile.mkdtemp(prefix="backend-step-")

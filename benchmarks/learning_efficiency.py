@@ -24,14 +24,14 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from lanpo.data import load_problems, to_prompt_dataset
-from lanpo.evaluate import EvalSettings, run_retrieval, run_zero_shot
-from lanpo.models import load_tokenizer, resolve_model_path
-from lanpo.presets import training_split
-from lanpo.retrieval import Retriever
-from lanpo.rewards import MathVerifier
-from lanpo.train import parse
+from lanpo.data.loaders import load_problems, to_prompt_dataset
+from lanpo.data.presets import training_split
+from lanpo.engine.models import load_tokenizer, resolve_model_path
+from lanpo.eval.evaluate import EvalSettings, run_retrieval, run_zero_shot
+from lanpo.launch.train import parse
+from lanpo.pool.retrieval import Retriever
 from lanpo.trainer import LanpoTrainer
+from lanpo.verify.rewards import MathVerifier
 
 
 class PeriodicEval(TrainerCallback):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 
 def synthetic_entries(start: int, count: int, rng: random.Random, vocab: list[str], cum: list[float]):
-    from lanpo.pool import PoolEntry
+    from lanpo.pool.store import PoolEntry
 
     names = ["Ava", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana"]
     items = ["apples", "pencils", "marbles", "books", "coins", "cards", "shells", "tiles"]
@@ -46,8 +46,8 @@ def synthetic_entries(start: int, count: int, rng: random.Random, vocab: list[st
 
 
 def run_size(n: int, queries: int) -> dict:
-    from lanpo.pool import ExperiencePool
-    from lanpo.retrieval import Retriever
+    from lanpo.pool.retrieval import Retriever
+    from lanpo.pool.store import ExperiencePool
 
     rng = random.Random(0)
     vocab = [f"w{i}" for i in range(20_000)]

@@ -2,7 +2,7 @@
 
 A synthetic run (deterministic text): ``--entries`` pool entries over ``--problems`` problems, ``--attempts`` stored
 attempts, ``--samples`` logged rollouts in groups of 8 (prompts ~300 words, completions ~250), ``--steps``
-metric rows and a retrieval log. The report embeds at most lanpo.report.MAX_ENTRIES entries and MAX_GROUPS groups
+metric rows and a retrieval log. The report embeds at most lanpo.report.page.MAX_ENTRIES entries and MAX_GROUPS groups
 and says so on the page; this measures what that costs.
 
     python benchmarks/report_scale.py [--entries 4000] [--samples 24000] [--out /tmp/report-scale]
@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from lanpo.pool import Attempt, ExperiencePool, PoolEntry
-from lanpo.report import write_report
+from lanpo.pool.store import Attempt, ExperiencePool, PoolEntry
+from lanpo.report.page import write_report
 
 WORDS = "add carry digit sum total apples borrow fraction ratio area prime divisor remainder".split()
 

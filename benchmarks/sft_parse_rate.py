@@ -18,12 +18,12 @@ from collections import Counter
 
 import torch
 
-from lanpo.data import load_problems
-from lanpo.generation import HFGenerator, generate
-from lanpo.models import default_extraction, load_model
+from lanpo.data.loaders import load_problems
+from lanpo.engine.generation import HFGenerator, generate
+from lanpo.engine.models import default_extraction, load_model
 from lanpo.prompts import solve_messages
-from lanpo.rewards import MathVerifier
 from lanpo.summarize import Trial, summarize_trials
+from lanpo.verify.rewards import MathVerifier
 
 
 def make_trials(model, tokenizer, problems, seed: int, extraction: str) -> list[Trial]:

@@ -42,11 +42,11 @@ import time
 
 import torch
 
-from lanpo.data import builtin_arith, to_prompt_dataset
-from lanpo.models import load_tokenizer, resolve_model_path
-from lanpo.pool import ExperiencePool
-from lanpo.rewards import MathVerifier, make_accuracy_reward
-from lanpo.train import parse
+from lanpo.data.loaders import builtin_arith, to_prompt_dataset
+from lanpo.engine.models import load_tokenizer, resolve_model_path
+from lanpo.launch.train import parse
+from lanpo.pool.store import ExperiencePool
+from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 
 ARMS = ("trl", "grpo", "lanpo", "lanpo-keep", "lanpo-strip", "lanpo-cold")
 SHARES = ("lanpo/feedback_share", "lanpo/fallback_share", "lanpo/feedback_tokens_per_prompt")

@@ -36,10 +36,10 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-from lanpo.answers import is_label, normalize_gold, split_values
-from lanpo.data import load_problems, read_rows
-from lanpo.numbers import to_number
-from lanpo.rewards import MathVerifier
+from lanpo.data.loaders import load_problems, read_rows
+from lanpo.verify.answers import is_label, normalize_gold, split_values
+from lanpo.verify.numerals import to_number
+from lanpo.verify.rewards import MathVerifier
 
 SETS = {  # name: (preset, split, file with worked solutions, its field, extraction for them)
     "gsm8k-train": ("gsm8k", "train", "gsm8k/train.jsonl", "answer", "lenient"),

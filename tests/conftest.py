@@ -68,7 +68,7 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture()
 def tiny_model(tiny_model_dir):
-    from lanpo.models import load_model
+    from lanpo.engine.models import load_model
 
     return load_model(str(tiny_model_dir), device="cpu")
 

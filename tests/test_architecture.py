@@ -11,35 +11,58 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 
-# Lower stages first: a module may import only modules listed before it (function-level imports included).
-STAGES = ["numbers", "answers", "prompts", "arith", "presets", "data", "models", "pool", "pool_io", "bm25", "generation", "rewards", "retrieval", "feedback",
-          "summarize", "rollout", "objective", "checkpoints", "vllm_cpu", "config", "runlog", "loss", "evaluate",
-          "training_eval", "trainer", "sft_data", "sft", "compare", "report", "train", "grid_results", "experiment", "cli", "demo", "__init__"]
+# The layers, lowest first: a top-level module (the method) or a role-named subpackage may import only the layers
+# listed before it (function-level imports included).
+LAYERS = ["objective", "prompts", "verify", "data", "engine", "loss_hooks", "pool", "feedback", "eval", "summarize",
+          "rollout", "config", "run", "report", "trainer", "launch", "experiments", "cli", "demo"]
+# Every module in data-flow order, so that inside a layer too imports flow one way.
+STAGES = ["verify.numerals", "verify.answers", "prompts", "data.arith", "data.presets", "data.loaders",
+          "engine.models", "pool.store", "pool.io", "pool.bm25", "engine.generation", "verify.rewards",
+          "pool.retrieval", "feedback", "summarize", "rollout", "objective", "run.checkpoints", "engine.vllm_cpu",
+          "config", "run.runlog", "loss_hooks", "eval.evaluate", "eval.during_training", "trainer",
+          "launch.sft_data", "launch.sft", "report.compare", "report.page", "launch.train", "experiments.stats",
+          "experiments.grid", "cli", "demo"]
+
+
+def modules() -> list[str]:
+    return sorted(".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")
+                  if p.name != "__init__.py")
 
 
 def lanpo_imports(path: Path) -> set[str]:
-    found = set()
+    """The lanpo modules a file imports (``from lanpo.run import checkpoints`` is ``run.checkpoints``)."""
+    known, found = set(modules()), set()
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 1 and node.module:
-                found.add(node.module.split(".")[0])
-            elif node.level == 1:  # `from . import rollout` (a module) or `from . import __version__` (not)
-                found.update(a.name for a in node.names if (PACKAGE / f"{a.name}.py").is_file())
-            elif node.module and node.module.startswith("lanpo."):
-                found.add(node.module.split(".")[1])
-        elif isinstance(node, ast.Import):
-            found.update(a.name.split(".")[1] for a in node.names if a.name.startswith("lanpo."))
+        if isinstance(node, ast.ImportFrom) and node.level:
+            raise AssertionError(f"{path.name}: relative import; lanpo imports absolutely (from lanpo.x import y)")
+        names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+        if isinstance(node, ast.ImportFrom) and node.module in ("lanpo", *(f"lanpo.{m}" for m in LAYERS)):
+            names += [f"{node.module}.{a.name}" for a in node.names]
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        found |= {n.removeprefix("lanpo.") for n in names if n.startswith("lanpo.")} & known
     return found
 
 
-def test_every_module_has_a_stage_and_imports_only_lower_stages():
-    modules = sorted(p.stem for p in PACKAGE.glob("*.py"))
-    assert sorted(STAGES) == modules, "add the new module to STAGES at its place in the data flow"
-    for name in modules:
-        for target in lanpo_imports(PACKAGE / f"{name}.py"):
-            if name == "__init__":
-                continue  # lazy re-exports only
+def layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_module_has_a_stage_and_imports_only_lower_stages_and_layers():
+    assert sorted(STAGES) == modules(), "add the new module to STAGES at its place in the data flow"
+    assert {layer(m) for m in modules()} == set(LAYERS), "add the new subpackage to LAYERS"
+    for name in modules():
+        for target in lanpo_imports(PACKAGE.joinpath(*name.split(".")).with_suffix(".py")):
             assert STAGES.index(target) < STAGES.index(name), f"{name} imports {target}, a later stage"
+            if layer(target) != layer(name):
+                assert LAYERS.index(layer(target)) < LAYERS.index(layer(name)), \
+                    f"{name} imports {target}: the {layer(target)} layer sits above {layer(name)}"
+
+
+def test_the_method_sits_at_the_top_of_the_package():
+    method = {"prompts", "feedback", "summarize", "rollout", "objective", "config", "loss_hooks", "trainer"}
+    assert method <= {p.stem for p in PACKAGE.glob("*.py")}
+    assert len(list(PACKAGE.glob("*.py"))) <= 12  # the method, the CLI and the demo; the rest lives in subpackages
 
 
 def test_rollout_and_objective_do_not_depend_on_trl():
@@ -52,13 +75,13 @@ def test_rollout_and_objective_do_not_depend_on_trl():
 
 def test_config_scorer_names_match_the_implementations():
     from lanpo.config import SCORERS
-    from lanpo.retrieval import SCORER_CLASSES
+    from lanpo.pool.retrieval import SCORER_CLASSES
 
     assert set(SCORERS) == set(SCORER_CLASSES)
 
 
 def test_choice_fields_show_their_choices_in_help():
-    from lanpo.train import parse
+    from lanpo.launch.train import parse
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
@@ -73,7 +96,7 @@ def test_train_help_shows_lanpo_fields_first_with_choices_and_every_lanpo_field(
 
     from lanpo.cli import main
     from lanpo.config import LanpoConfig
-    from lanpo.train import HELP_GROUPS, train_help
+    from lanpo.launch.train import HELP_GROUPS, train_help
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

@@ -20,17 +20,17 @@ def workdir(tmp_path, monkeypatch):
     """A directory with a few things to point at: a file, a pool, a corrupt pool, a future-schema pool, runs."""
     import transformers
 
-    import lanpo.models
+    import lanpo.engine.models
 
     def refuse(*args, **kwargs):
         raise ModelLoaded("a model was loaded")
 
-    for module, name in ((lanpo.models, "load_model"), (lanpo.models, "resolve_model_path"),
+    for module, name in ((lanpo.engine.models, "load_model"), (lanpo.engine.models, "resolve_model_path"),
                          (transformers.AutoModelForCausalLM, "from_pretrained")):
         monkeypatch.setattr(module, name, refuse)
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("not a directory")
-    from lanpo.pool import ExperiencePool, PoolEntry
+    from lanpo.pool.store import ExperiencePool, PoolEntry
 
     with ExperiencePool(tmp_path / "pool.sqlite") as pool:
         pool.add([PoolEntry("p", "q", "f", ["a principle"], ["a pitfall"])])

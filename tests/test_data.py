@@ -7,8 +7,7 @@ import re
 
 import pytest
 
-from lanpo.answers import gsm8k_answer, last_boxed
-from lanpo.data import (
+from lanpo.data.loaders import (
     DataError,
     LoadStats,
     Problem,
@@ -17,6 +16,7 @@ from lanpo.data import (
     rows_to_problems,
     to_prompt_dataset,
 )
+from lanpo.verify.answers import gsm8k_answer, last_boxed
 
 
 def test_jsonl_loader_maps_fields_and_ids(problems_file):
@@ -201,13 +201,13 @@ def test_unit_notes_are_removed_only_after_a_number(tmp_path):
     (" , math500,, ", ["math500"]),
 ])
 def test_comma_separated_specs_keep_commas_inside_a_query(text, specs):
-    from lanpo.data import split_specs
+    from lanpo.data.loaders import split_specs
 
     assert split_specs(text) == specs
 
 
 def test_held_out_levels_load_through_eval_benchmarks():
-    from lanpo.training_eval import load_eval_problems
+    from lanpo.eval.during_training import load_eval_problems
 
     with pytest.raises(ValueError, match="would log as eval/arith"):  # one would silently replace the other
         load_eval_problems("builtin:arith?levels=1,2&split=test,builtin:arith?split=test", 8)
@@ -228,7 +228,7 @@ def test_an_answer_that_is_an_object_is_skipped_and_its_row_named(tmp_path, capl
 
 
 def test_a_problem_far_longer_than_any_math_problem_is_skipped_and_named(tmp_path, caplog):
-    from lanpo.data import MAX_PROBLEM_CHARS
+    from lanpo.data.loaders import MAX_PROBLEM_CHARS
 
     path = tmp_path / "rows.jsonl"
     rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "x" * (50 * 2**20), "answer": "3"},

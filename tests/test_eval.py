@@ -8,8 +8,8 @@ import math
 import pytest
 
 from lanpo.cli import main
-from lanpo.evaluate import pass_at_k, summarize_scores
-from lanpo.generation import Sample
+from lanpo.engine.generation import Sample
+from lanpo.eval.evaluate import pass_at_k, summarize_scores
 
 
 @pytest.mark.parametrize("n,c,k,expected", [
@@ -62,7 +62,7 @@ def test_eval_cli_reports_bad_data_without_a_traceback(tmp_path, capsys):
 
 def _stub_pool(tmp_path, problems):
     """A run directory with a pool: one entry per problem, plus one entry whose text equals an eval problem."""
-    from lanpo.pool import ExperiencePool, PoolEntry
+    from lanpo.pool.store import ExperiencePool, PoolEntry
 
     run = tmp_path / "pool-run"
     with ExperiencePool(run) as pool:
@@ -98,7 +98,7 @@ def test_all_three_modes_end_to_end_on_a_tiny_model(tiny_model_dir, problems_fil
     metrics = results["modes"]["self-correct"]["metrics"]
     assert {"mean@2_round0", "mean@2_round1", "mean@2_round2"} <= set(metrics)
     assert metrics["mean@2"] == metrics["mean@2_round2"]  # the last round is the one scored
-    from audit import leakage_problems
+    from helpers.audit import leakage_problems
 
     for record in correct:  # the reflection prompt shows the model's own attempt, never the answer or a grade
         attempts = [step["text"] for chain in record["rounds"] for step in chain]
@@ -122,7 +122,7 @@ def test_benchmark_registry_reads_local_files(tiny_model_dir, shared_data, tmp_p
 
 
 def test_compare_writes_table_and_plot(tmp_path):
-    from lanpo.compare import compare
+    from lanpo.report.compare import compare
 
     runs = []
     for name, share in (("grpo", 0.0), ("lanpo", 0.75)):
@@ -144,8 +144,8 @@ def test_compare_writes_table_and_plot(tmp_path):
 
 
 def test_self_correct_with_an_empty_first_attempt_makes_a_fresh_attempt(monkeypatch):
-    import lanpo.evaluate as ev
-    from lanpo.data import Problem
+    import lanpo.eval.evaluate as ev
+    from lanpo.data.loaders import Problem
 
     calls = []
 

@@ -12,10 +12,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanpo import experiment
+from lanpo.experiments import grid as experiment
 from lanpo.cli import main
-from lanpo.experiment import GridError, load_grid
-from lanpo.grid_results import _fmt, interpolate, mean_ci, prediction_interval
+from lanpo.experiments.grid import GridError, load_grid
+from lanpo.experiments.stats import _fmt, interpolate, mean_ci, prediction_interval
 
 
 def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
@@ -218,7 +218,7 @@ def test_interpolation_stays_between_neighbours_and_never_extrapolates(points, x
 
 
 def test_shipped_grids_load_and_their_cells_parse(tmp_path):
-    from lanpo.train import parse
+    from lanpo.launch.train import parse
 
     for path in sorted(Path("configs/experiments").glob("*.yaml")):
         grid = load_grid(path)
@@ -281,7 +281,7 @@ def test_jobs_below_one_are_refused(tmp_path, capsys):
 
 
 def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
-    from lanpo.grid_results import cell_results
+    from lanpo.experiments.stats import cell_results
 
     rows = [{"step": 0, "eval/arith/zero-shot/mean@4": 0.25},
             {"step": 1, "step_time": 10.0, "reward/scratch/mean": 0.5, "reward/feedback/mean": 0.0,
@@ -300,7 +300,7 @@ WALL_METRIC = "eval/arith/zero-shot/mean@4"
 
 
 def _cell(evals, seconds):
-    from lanpo.grid_results import TRAINING
+    from lanpo.experiments.stats import TRAINING
 
     return {"evals": {WALL_METRIC: evals}, "seconds": seconds, "step_time": 1.0,
             "training": dict.fromkeys(TRAINING)}
@@ -321,8 +321,8 @@ def _wall_clock_rows(table: str) -> list[list[str]]:
 @given(st.lists(st.lists(st.floats(1.0, 500.0), min_size=3, max_size=3), min_size=1, max_size=4))
 def test_every_reference_seed_counts_at_every_wall_clock_mark(step_seconds):
     """Whatever the seeds' speeds, each equal-wall-clock row has a value from every reference seed."""
-    from lanpo.experiment import Grid
-    from lanpo.grid_results import results_table
+    from lanpo.experiments.grid import Grid
+    from lanpo.experiments.stats import results_table
 
     def cell(durations):
         clock = [0.0]
@@ -339,8 +339,8 @@ def test_every_reference_seed_counts_at_every_wall_clock_mark(step_seconds):
 
 
 def test_table_gives_where_one_more_seed_should_land(tmp_path):
-    from lanpo.experiment import Grid
-    from lanpo.grid_results import results_table
+    from lanpo.experiments.grid import Grid
+    from lanpo.experiments.stats import results_table
 
     grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1, 2], out=tmp_path, reference="grpo")
     finals = {0: 0.4, 1: 0.5, 2: 0.6}
@@ -358,8 +358,8 @@ def test_table_gives_where_one_more_seed_should_land(tmp_path):
 
 
 def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):
-    from lanpo.experiment import Grid
-    from lanpo.grid_results import results_table
+    from lanpo.experiments.grid import Grid
+    from lanpo.experiments.stats import results_table
 
     grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1], out=tmp_path, reference="grpo")
     results = {"grpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),     # the faster seed: 10 min

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit import leakage_problems
+from helpers.audit import leakage_problems
 from lanpo.feedback import build_abstraction_prompt, build_reflection_prompt, clean_lessons
-from lanpo.pool import PoolEntry
+from lanpo.pool.store import PoolEntry
 from lanpo.prompts import format_summary, parse_summary
 from lanpo.summarize import Trial, summarize_trials
 
@@ -183,7 +183,7 @@ def test_template_text_has_no_digits_that_could_collide_with_a_gold_answer():
 
 
 def test_summary_prompt_is_prefilled_and_the_reply_keeps_its_start(tiny_model):
-    from lanpo.generation import HFGenerator, chat_ids
+    from lanpo.engine.generation import HFGenerator, chat_ids
     from lanpo.prompts import SUMMARY_PREFILL, summary_messages
 
     model, tokenizer = tiny_model
@@ -194,7 +194,7 @@ def test_summary_prompt_is_prefilled_and_the_reply_keeps_its_start(tiny_model):
 
 
 def test_real_gsm8k_contexts_show_no_gold_no_reward_and_only_lessons_of_other_problems(shared_data):
-    from lanpo.data import load_problems
+    from lanpo.data.loaders import load_problems
 
     problems = load_problems("gsm8k", data_dir=shared_data, limit=40)
     target, others = problems[0], problems[1:]

@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lanpo.cli import main
-from lanpo.data import load_problems, parse_builtin
-from lanpo.presets import HELD_OUT, PRESETS, training_split
-from lanpo.training_eval import held_out_benchmark
+from lanpo.data.loaders import load_problems, parse_builtin
+from lanpo.data.presets import HELD_OUT, PRESETS, training_split
+from lanpo.eval.during_training import held_out_benchmark
 from test_runs import tiny_args
 
 

@@ -1,4 +1,4 @@
-"""lanpo.loss: strip weights from the sampler's log-probabilities equal the two-pass computation; keep-mode
+"""lanpo.loss_hooks: strip weights from the sampler's log-probabilities equal the two-pass computation; keep-mode
 micro-batches bucketed by prompt length give the same loss and gradients as TRL's shuffled ones."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from trl.trainer.utils import split_tensor_dict
 
-import lanpo.loss
-from lanpo.generation import left_pad
-from lanpo.loss import bucket_by_prompt_length
+import lanpo.loss_hooks
+from lanpo.engine.generation import left_pad
+from lanpo.loss_hooks import bucket_by_prompt_length
 from test_trainer import make_trainer, stub_summaries
 
 LOGP_TOL = 1e-4  # fp32 on CPU: a KV-cached generation step vs one full forward
@@ -47,7 +47,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
         output["test_reference_context"] = torch.where(feedback, reference, torch.full_like(reference, float("nan")))
 
     trainer._attach_feedback_inputs = attach_and_reference
-    compute_loss, strip_weights, seen = trainer._compute_loss, lanpo.loss.objective.strip_weights, []
+    compute_loss, strip_weights, seen = trainer._compute_loss, lanpo.loss_hooks.objective.strip_weights, []
 
     def loss_with_reference(model, inputs):
         seen.append(dict(inputs))
@@ -67,7 +67,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
         return weights
 
     trainer._compute_loss = loss_with_reference
-    monkeypatch.setattr(lanpo.loss.objective, "strip_weights", checked_weights)
+    monkeypatch.setattr(lanpo.loss_hooks.objective, "strip_weights", checked_weights)
     trainer.train()
     assert checked["rows"] > 0 and checked["tokens"] > 0
 
@@ -179,7 +179,7 @@ def test_prefill_in_buckets_continues_exactly_as_one_padded_prefill(tiny_model_d
     itself or continues from the two-bucket cache."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    import lanpo.generation as generation
+    import lanpo.engine.generation as generation
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
     g = torch.Generator().manual_seed(0)
@@ -358,7 +358,7 @@ def test_sampler_log_probabilities_are_logits_over_temperature_before_any_proces
     log-probabilities equal log_softmax(logits / T) of a plain forward, TRL's definition."""
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    import lanpo.generation as generation
+    import lanpo.engine.generation as generation
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
     torch.manual_seed(0)

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from lanpo.models import (
+from lanpo.engine.models import (
     EMBEDDED_MODELS,
     default_extraction,
     embedded_gguf_path,
@@ -45,7 +45,7 @@ def test_missing_paths_and_offline_hub_ids_fail_clearly(monkeypatch):
 
 @pytest.mark.slow
 def test_embedded_default_converts_once_then_loads_fast_and_generates():
-    from lanpo.generation import generate
+    from lanpo.engine.generation import generate
     from lanpo.prompts import solve_messages
 
     assert embedded_gguf_path("smollm2-135m").name.endswith(".gguf")
@@ -78,7 +78,7 @@ def test_torch_threads_are_the_cores_this_process_may_use_shared_by_lanpos_proce
 
     import torch
 
-    from lanpo.models import size_cpu_threads
+    from lanpo.engine.models import size_cpu_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))

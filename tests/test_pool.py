@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from lanpo.pool import Attempt, ExperiencePool, PoolEntry, PoolError
-from lanpo.pool_io import export_jsonl, import_jsonl
+from lanpo.pool.io import export_jsonl, import_jsonl
+from lanpo.pool.store import Attempt, ExperiencePool, PoolEntry, PoolError
 
 
 def entry(pid: str, i: int = 0, **kw) -> PoolEntry:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from lanpo.pool import APPLICATION_ID, ExperiencePool, PoolEntry, PoolError
-from lanpo.pool_io import export_jsonl, import_jsonl
+from lanpo.pool.io import export_jsonl, import_jsonl
+from lanpo.pool.store import APPLICATION_ID, ExperiencePool, PoolEntry, PoolError
 
 WRITER = """
 import json, sys
-from lanpo.pool import ExperiencePool, PoolEntry
+from lanpo.pool.store import ExperiencePool, PoolEntry
 path, name, batches, size, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 pool = ExperiencePool(path)
 record = open(out, "w") if out != "-" else None
@@ -87,7 +87,7 @@ def connect(*args, **kwargs):
     conn.set_trace_callback(trace)
     return conn
 sqlite3.connect = connect
-from lanpo.pool import ExperiencePool
+from lanpo.pool.store import ExperiencePool
 ExperiencePool(sys.argv[1]).close()
 print("completed")
 """
@@ -241,12 +241,12 @@ def test_an_import_with_any_bad_line_imports_nothing_and_creates_no_pool_file(tm
 
 CREATE_AT_ONCE = """
 import sys, time
-from lanpo.pool import ExperiencePool
+from lanpo.pool.store import ExperiencePool, PoolEntry
 start = float(sys.argv[2])
 while time.time() < start:
     pass
 with ExperiencePool(sys.argv[1]) as pool:
-    pool.add([__import__("lanpo.pool").pool.PoolEntry("p", "q", "f", ["a"], [])])
+    pool.add([PoolEntry("p", "q", "f", ["a"], [])])
 print("ok")
 """
 

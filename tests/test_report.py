@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from browser import CHROMIUM
+from helpers.browser import CHROMIUM
 from lanpo.cli import main as lanpo
-from lanpo.pool import ExperiencePool
+from lanpo.pool.store import ExperiencePool
 from test_trainer import make_trainer, stub_summaries
 
 
@@ -96,12 +96,12 @@ def test_report_is_one_self_contained_file_with_every_part(trained_run, tmp_path
 
 
 def test_report_of_a_large_run_is_cut_and_says_so(trained_run, tmp_path, monkeypatch):
-    import lanpo.report
+    import lanpo.report.page
 
-    monkeypatch.setattr(lanpo.report, "MAX_GROUPS", 2)
-    monkeypatch.setattr(lanpo.report, "MAX_ENTRIES", 1)
-    monkeypatch.setattr(lanpo.report, "MAX_TEXT", 20)
-    run = lanpo.report.collect(trained_run)
+    monkeypatch.setattr(lanpo.report.page, "MAX_GROUPS", 2)
+    monkeypatch.setattr(lanpo.report.page, "MAX_ENTRIES", 1)
+    monkeypatch.setattr(lanpo.report.page, "MAX_TEXT", 20)
+    run = lanpo.report.page.collect(trained_run)
     assert len(run["groups"]) == 2 and run["total_groups"] > 2
     assert len(run["pool"]["entries"]) == 1 and run["pool"]["total_entries"] > 1
     newest = ExperiencePool(trained_run / "pool.sqlite", readonly=True).entries()[-1]
@@ -133,7 +133,7 @@ def test_report_in_headless_chromium_a_user_searches_the_pool_and_clicks_through
     """Driven as a user drives it (real clicks, typed text) over the DevTools protocol: no console error or
     uncaught exception on any tab, the search box finds exactly the entries whose text holds the query, the
     rollouts' pager and filters work; screenshots saved (runs/test-screenshots/)."""
-    from browser import Browser
+    from helpers.browser import Browser
 
     run = _many_groups(trained_run, tmp_path)
     out = tmp_path / "report.html"
@@ -222,7 +222,7 @@ def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
 @given(st.lists(st.tuples(st.sampled_from(["feedback", "scratch", "reflection", "abstraction"]),
                           st.floats(0, 1)), min_size=1, max_size=20), st.data())
 def test_reward_is_accuracy_holds_exactly_when_every_kind_agrees_at_every_step(points, data):
-    from lanpo.runlog import reward_is_accuracy
+    from lanpo.run.runlog import reward_is_accuracy
 
     rows = [{"step": i, f"reward/{kind}/mean": v, f"accuracy/{kind}/mean": v} for i, (kind, v) in enumerate(points)]
     assert reward_is_accuracy(rows)
@@ -233,28 +233,28 @@ def test_reward_is_accuracy_holds_exactly_when_every_kind_agrees_at_every_step(p
 
 
 def test_reward_and_accuracy_share_one_chart_only_when_every_run_has_them_equal(trained_run, tmp_path):
-    import lanpo.report
+    import lanpo.report.page
 
-    shaped = lanpo.report.collect(trained_run)
+    shaped = lanpo.report.page.collect(trained_run)
     assert not shaped["reward_is_accuracy"]  # this run's reward adds a length bonus to the verifier's 0/1
     binary = tmp_path / "binary"
     binary.mkdir()
     rows = [{"step": s, "reward/feedback/mean": v, "accuracy/feedback/mean": v, "reward/scratch/mean": 1 - v,
              "accuracy/scratch/mean": 1 - v} for s, v in ((1, 0.25), (2, 0.5))]
     (binary / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    binary = lanpo.report.collect(binary)
+    binary = lanpo.report.page.collect(binary)
     assert binary["reward_is_accuracy"]
-    titles = [t for t, _ in lanpo.report.panels([binary])]
+    titles = [t for t, _ in lanpo.report.page.panels([binary])]
     assert any(t.startswith("Reward = accuracy") for t in titles) and not any(t.startswith("Accuracy") for t in titles)
     for runs in ([shaped], [binary, shaped]):
-        titles = [t for t, _ in lanpo.report.panels(runs)]
+        titles = [t for t, _ in lanpo.report.page.panels(runs)]
         assert any(t.startswith("Accuracy") for t in titles) and not any("Reward = accuracy" in t for t in titles)
 
 
 def test_evaluations_in_the_run_directory_are_listed_in_the_order_they_were_written(tmp_path):
     import os
 
-    import lanpo.report
+    import lanpo.report.page
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
     for i, name in enumerate(["eval-before", "eval-after", "eval-checkpoint-10"]):  # not alphabetical
@@ -265,16 +265,16 @@ def test_evaluations_in_the_run_directory_are_listed_in_the_order_they_were_writ
         os.utime(results, (1_000_000 + i, 1_000_000 + i))
     (tmp_path / "eval-broken").mkdir()
     (tmp_path / "eval-broken" / "results.json").write_text("{not json")  # skipped, not a crash
-    evals = lanpo.report.collect(tmp_path)["evals"]
+    evals = lanpo.report.page.collect(tmp_path)["evals"]
     assert [e["name"] for e in evals] == ["eval-before", "eval-after", "eval-checkpoint-10"]
     assert [e["modes"]["zero-shot"]["mean@4"] for e in evals] == [0, 0.25, 0.5] and evals[0]["k"] == 4
 
 
 def test_held_out_chart_draws_only_mean_at_k_and_the_table_gives_its_error_and_pass_at_k(trained_run):
-    import lanpo.report
+    import lanpo.report.page
 
-    run = lanpo.report.collect(trained_run)
-    charts = dict(lanpo.report.panels([run]))
+    run = lanpo.report.page.collect(trained_run)
+    charts = dict(lanpo.report.page.panels([run]))
     assert charts["Held-out evaluation (mean@k)"] == ["eval/arith/retrieval/mean@2", "eval/arith/zero-shot/mean@2"]
     assert "eval/seconds" in charts["Time per phase (s)"]  # seconds never share an axis with accuracies
     assert all(k in run["metrics"] for keys in charts.values() for k in keys if k.startswith("eval/"))
@@ -314,7 +314,7 @@ def test_the_browser_helper_runs_in_a_fresh_process_whose_own_pipes_take_fds_3_a
 
     page = tmp_path / "page.html"
     page.write_text('<html><body data-tab="x"><p id="p">hello</p></body></html>')
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom browser import Browser\n"
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom helpers.browser import Browser\n"
             f"with Browser() as b:\n    b.open({page.as_uri()!r})\n    print(b.js(\"document.getElementById('p').textContent\"))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "hello", done.stderr[-2000:]

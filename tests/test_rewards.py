@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from lanpo.answers import extract_answer
-from lanpo.rewards import MathVerifier, make_accuracy_reward, prepare_gold
+from lanpo.verify.answers import extract_answer
+from lanpo.verify.rewards import MathVerifier, make_accuracy_reward, prepare_gold
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from lanpo.cli import main
 
-SCRIPT = Path(__file__).parent / "train_script.py"
+SCRIPT = Path(__file__).parent / "helpers" / "train_script.py"
 
 
 def tiny_args(model_dir: Path, run: Path, **overrides) -> list[str]:
@@ -40,7 +40,7 @@ def test_a_minimal_yaml_gets_the_library_defaults_not_the_demo_ones(tmp_path, ca
     from trl import GRPOConfig
 
     from lanpo.config import LanpoConfig
-    from lanpo.train import EMBEDDED_DEFAULTS
+    from lanpo.launch.train import EMBEDDED_DEFAULTS
 
     config = tmp_path / "x.yaml"
     config.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\ndata: gsm8k\nnum_train_epochs: 1\n")
@@ -108,7 +108,7 @@ def test_push_to_hub_offline_fails_clearly_before_any_model_loads(tmp_path, caps
 def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_path):
     import datasets
 
-    from lanpo.data import DataError, with_answer_column
+    from lanpo.data.loaders import DataError, with_answer_column
     from lanpo.prompts import solve_messages
 
     rows = [{"prompt": solve_messages("1+1?"), "Solution": "so \\boxed{2}"}]
@@ -199,14 +199,14 @@ def test_a_finished_train_destroys_its_process_group_and_a_failed_one_leaves_it(
     after an error no barrier may wait for processes that will never come."""
     import torch.distributed as dist
 
-    import lanpo.train
+    import lanpo.launch.train
 
     def run(argv):
         if fails:
             raise ValueError("bad row")
         return tmp_path
 
-    monkeypatch.setattr(lanpo.train, "run", run)
+    monkeypatch.setattr(lanpo.launch.train, "run", run)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         assert main(["train", "--output_dir", str(tmp_path)]) == (2 if fails else 0)
@@ -295,7 +295,7 @@ ERRORS = st.one_of(
 @given(error=ERRORS, free=st.integers(0, 10**13), last_bytes=st.one_of(st.none(), st.integers(1, 5000)))
 def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_when_it_is_one(error, free,
                                                                                               last_bytes):
-    from lanpo import checkpoints
+    from lanpo.run import checkpoints
 
     with tempfile.TemporaryDirectory() as folder:
         run = Path(folder)
@@ -326,7 +326,7 @@ def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_w
 
 
 def test_an_error_that_is_not_a_write_failure_passes_through_a_save_unchanged(tmp_path):
-    from lanpo import checkpoints
+    from lanpo.run import checkpoints
 
     with pytest.raises(ValueError, match="a bug"):
         with checkpoints.save_failures_named(tmp_path, "checkpoint-1"):
@@ -379,7 +379,7 @@ def test_resuming_a_finished_run_does_nothing_and_a_missing_final_model_is_writt
 
 
 def checkpoints_of(run: Path) -> list[Path]:
-    from lanpo.checkpoints import checkpoints
+    from lanpo.run.checkpoints import checkpoints
 
     return checkpoints(run)
 

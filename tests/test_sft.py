@@ -9,11 +9,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from audit import leakage_problems
-from lanpo.data import builtin_arith
+from helpers.audit import leakage_problems
+from lanpo.data.loaders import builtin_arith
 from lanpo.feedback import LABEL_TALK
+from lanpo.launch.sft_data import EndpointTeacher, build_sft_data
 from lanpo.prompts import SUMMARY_PREFILL, parse_summary
-from lanpo.sft_data import EndpointTeacher, build_sft_data
 
 PROBLEMS = builtin_arith("1", n=24, seed=3)
 SUMMARY = SUMMARY_PREFILL + " add the numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"
@@ -161,7 +161,7 @@ def test_openai_compatible_endpoint_teacher():
 
 def test_sft_lowers_the_loss_and_its_model_trains_with_lanpo(tiny_model_dir, tmp_path):
     from lanpo.cli import main
-    from lanpo.sft import run_sft
+    from lanpo.launch.sft import run_sft
 
     data = tmp_path / "sft.jsonl"
     build_sft_data(PROBLEMS, StubTeacher(), data, n=24, tries=2, batch_size=8, progress=False)

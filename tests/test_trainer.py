@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from audit import leakage_problems
+from helpers.audit import leakage_problems
 from lanpo.config import LanpoConfig
-from lanpo.data import builtin_arith, to_prompt_dataset
-from lanpo.models import load_tokenizer
-from lanpo.rewards import completion_text
+from lanpo.data.loaders import builtin_arith, to_prompt_dataset
+from lanpo.engine.models import load_tokenizer
+from lanpo.verify.rewards import completion_text
 
 CANNED_SUMMARY = " add the two numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"
 
@@ -225,7 +225,7 @@ def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
 
 
 def _launch_two_processes(model_dir, out, *extra) -> Path:
-    script = Path(__file__).parent / "multiprocess_run.py"
+    script = Path(__file__).parent / "helpers" / "multiprocess_run.py"
     # `--cpu` would make accelerate start a single process; `--multi_gpu` starts two through torchrun, which use
     # gloo on a machine without GPUs (and the config's use_cpu=True keeps them on the CPU elsewhere).
     from test_runs import free_port
@@ -253,8 +253,8 @@ def test_separate_and_scratch_baseline_advantages_on_two_processes_equal_one_pro
     advantages are those one process computes from the same rollouts."""
     from lanpo import objective
 
-    out = _launch_two_processes(tiny_model_dir, tmp_path / "mp", "separate,scratch-baseline")
-    for grouping in ("separate", "scratch-baseline"):
+    for grouping in ("separate", "scratch-baseline"):  # one launch each: a finished run ends its process group
+        out = _launch_two_processes(tiny_model_dir, tmp_path / grouping, grouping)
         ranks = [json.loads((out / f"{grouping}-rank{r}.json").read_text()) for r in (0, 1)]
         assert len(ranks[0]["steps"]) == 2
         weights = torch.tensor(ranks[0]["weights"])
@@ -289,7 +289,7 @@ def test_scratch_baseline_refuses_per_function_normalization(tmp_path):
 
 @pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_parse_and_validate(config):
-    from lanpo.train import parse
+    from lanpo.launch.train import parse
 
     train_args, model_args, lanpo_config = parse(["--config", str(config)])
     assert model_args.model_name_or_path and train_args.data
@@ -297,7 +297,7 @@ def test_shipped_configs_parse_and_validate(config):
 
 
 def test_embedded_default_needs_no_config():
-    from lanpo.train import parse
+    from lanpo.launch.train import parse
 
     train_args, model_args, config = parse([])
     assert model_args.model_name_or_path == "smollm2-135m" and train_args.data == "builtin:arith"
@@ -305,7 +305,7 @@ def test_embedded_default_needs_no_config():
 
 
 def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_model_dir, tmp_path):
-    from lanpo.pool import Attempt
+    from lanpo.pool.store import Attempt
 
     trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0,
                            reflection_source="pool", summaries_per_group=0, max_steps=1)
@@ -389,7 +389,7 @@ def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_ex
 def test_training_on_math_problems_with_letter_golds_never_stops_on_feedback(tiny_model_dir, tmp_path, shared_data):
     """7 of MATH train's golds are letters or words ("B", "x", "no") that the old leakage guard found in its own
     template text and raised on; label-free builders have nothing to find."""
-    from lanpo.data import load_problems
+    from lanpo.data.loaders import load_problems
     from lanpo.trainer import LanpoTrainer
 
     problems = [p for p in load_problems("math", split="train", data_dir=shared_data)
@@ -406,7 +406,7 @@ def test_training_on_math_problems_with_letter_golds_never_stops_on_feedback(tin
 
 def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_groups_without_any(
         tiny_model_dir, tmp_path):
-    from lanpo.pool import Attempt
+    from lanpo.pool.store import Attempt
 
     trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0,
                            summaries_per_group=0, max_steps=1)  # reflection_source: auto (the default)
@@ -478,7 +478,7 @@ def test_length_limit_swaps_and_restores_both_backends():
 
     from transformers import GenerationConfig
 
-    from lanpo.generation import length_limit
+    from lanpo.engine.generation import length_limit
 
     config = GenerationConfig(max_new_tokens=8, min_new_tokens=8)
     hf = SimpleNamespace(generation_config=config, use_vllm=False)
@@ -499,8 +499,8 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
     from collections import Counter
 
     from lanpo import rollout
-    from lanpo.pool import ExperiencePool
-    from lanpo.retrieval import Retriever
+    from lanpo.pool.retrieval import Retriever
+    from lanpo.pool.store import ExperiencePool
     from lanpo.summarize import Trial
 
     words = {i: f"w{i}" for i in range(200)}

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lanpo.answers import extract_answer, names_several_values
-from lanpo.numbers import numbers_match, to_number
-from lanpo.rewards import MathVerifier
+from lanpo.verify.answers import extract_answer, names_several_values
+from lanpo.verify.numerals import numbers_match, to_number
+from lanpo.verify.rewards import MathVerifier
 
 LIMIT = 1.0
 
@@ -149,7 +149,7 @@ def test_numbers_match_policy():
 
 def test_a_script_without_a_main_guard_gets_a_clear_message(tmp_path):
     script = tmp_path / "no_guard.py"
-    script.write_text("from lanpo.rewards import MathVerifier\n"
+    script.write_text("from lanpo.verify.rewards import MathVerifier\n"
                       "v = MathVerifier(start_method='spawn', workers=1)\n"
                       "print(v.score(['1'], ['\\\\sqrt{1}']))\n")
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)

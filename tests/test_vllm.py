@@ -19,8 +19,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 from conftest import build_tiny_model  # noqa: E402
 from lanpo.cli import main  # noqa: E402
 from lanpo.config import LanpoConfig  # noqa: E402
-from lanpo.data import builtin_arith, to_prompt_dataset  # noqa: E402
-from lanpo.models import load_tokenizer  # noqa: E402
+from lanpo.data.loaders import builtin_arith, to_prompt_dataset  # noqa: E402
+from lanpo.engine.models import load_tokenizer  # noqa: E402
 from test_trainer import history, length_reward, stub_summaries  # noqa: E402
 
 BF16_LOGP_TOL = 0.05  # nats: vLLM's CPU engine computes in bf16, the trainer in fp32

@@ -10,12 +10,12 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Problem": "data", "load_problems": "data",
-    "load_model": "models", "resolve_model_path": "models",
-    "MathVerifier": "rewards", "extract_answer": "answers", "make_accuracy_reward": "rewards",
-    "ExperiencePool": "pool", "PoolEntry": "pool",
+    "Problem": "data.loaders", "load_problems": "data.loaders",
+    "load_model": "engine.models", "resolve_model_path": "engine.models",
+    "MathVerifier": "verify.rewards", "extract_answer": "verify.answers", "make_accuracy_reward": "verify.rewards",
+    "ExperiencePool": "pool.store", "PoolEntry": "pool.store",
     "build_reflection_prompt": "feedback", "build_abstraction_prompt": "feedback",
-    "Retriever": "retrieval",
+    "Retriever": "pool.retrieval",
     "LanpoConfig": "config", "LanpoTrainer": "trainer",
 }
 

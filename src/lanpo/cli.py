@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import __version__
-from .experiment import add_parser as add_experiment_parser
+from lanpo import __version__
+from lanpo.experiments.grid import add_parser as add_experiment_parser
 
 # -- argument types: a bad value is refused while parsing, naming the flag and the value, before any model loads --
 
@@ -56,7 +56,7 @@ def new_path(kind: str):
 
 
 def eval_modes(text: str) -> list[str]:
-    from .evaluate import MODES
+    from lanpo.eval.evaluate import MODES
 
     modes = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in modes if m not in MODES]
@@ -129,8 +129,8 @@ def _backend_arg(p) -> None:
 
 def load_for_generation(name: str, backend: str, dtype: str = "auto", device: str | None = None, seed: int = 0):
     """``(model, tokenizer)`` for generation: a transformers model, or a vLLM ``LLM`` (``--backend``)."""
-    from .generation import load_vllm, vllm_available
-    from .models import load_model, load_tokenizer, resolve_model_path
+    from lanpo.engine.generation import load_vllm, vllm_available
+    from lanpo.engine.models import load_model, load_tokenizer, resolve_model_path
 
     if backend == "vllm" or (backend == "auto" and vllm_available()):
         path = resolve_model_path(name)
@@ -146,7 +146,7 @@ def _extraction_arg(p) -> None:
 
 
 def _extraction(choice: str | None, model: str) -> str:
-    from .models import default_extraction
+    from lanpo.engine.models import default_extraction
 
     return choice or default_extraction(model)
 
@@ -157,18 +157,18 @@ def _field_kwargs(args) -> dict:
 
 
 def _benchmarks() -> list[str]:
-    from .presets import BENCHMARKS
+    from lanpo.data.presets import BENCHMARKS
 
     return list(BENCHMARKS) + ["builtin:arith"]
 
 
 def cmd_eval(args) -> int:
-    from .data import default_split, load_problems, split_specs
-    from .evaluate import EvalSettings, evaluate, settings_dict, write_results
-    from .generation import is_vllm
-    from .models import check_model_name, size_cpu_threads
-    from .pool import ExperiencePool
-    from .runlog import check_writable
+    from lanpo.data.loaders import default_split, load_problems, split_specs
+    from lanpo.engine.generation import is_vllm
+    from lanpo.engine.models import check_model_name, size_cpu_threads
+    from lanpo.eval.evaluate import EvalSettings, evaluate, settings_dict, write_results
+    from lanpo.pool.store import ExperiencePool
+    from lanpo.run.runlog import check_writable
 
     modes = args.modes
     if "retrieval" in modes and not args.pool:
@@ -193,7 +193,7 @@ def cmd_eval(args) -> int:
     model, tokenizer = load_for_generation(_model_path(args.model), args.backend, args.dtype, args.device, args.seed)
     mode_kwargs = {}
     if "retrieval" in modes:
-        from .evaluate import retrieval_setup
+        from lanpo.eval.evaluate import retrieval_setup
 
         mode_kwargs = retrieval_setup(args.pool, scorer=args.scorer, gamma=args.gamma, top_k=args.top_k,
                                       model=model, tokenizer=tokenizer)
@@ -233,8 +233,8 @@ def _pool_parser(sub) -> None:
 
 
 def cmd_pool(args) -> int:
-    from .pool import ExperiencePool, resolve_pool_path
-    from .pool_io import export_jsonl, read_export
+    from lanpo.pool.io import export_jsonl, read_export
+    from lanpo.pool.store import ExperiencePool, resolve_pool_path
 
     if args.action == "import":
         entries, attempts = read_export(args.source)  # all checked before the pool is opened: a bad export
@@ -279,7 +279,7 @@ def _compare_parser(sub) -> None:
 
 
 def cmd_compare(args) -> int:
-    from .compare import compare
+    from lanpo.report.compare import compare
 
     names = [n.strip() for n in args.names.split(",")] if args.names else None
     if names and len(names) != len(args.runs):
@@ -303,7 +303,7 @@ def _report_parser(sub) -> None:
 
 
 def cmd_report(args) -> int:
-    from .report import serve, write_report
+    from lanpo.report.page import serve, write_report
 
     out = write_report(args.runs, args.out)
     print(f"Report: {out} ({out.stat().st_size / 1e6:.1f} MB; open it in a browser, no server needed)")
@@ -319,7 +319,7 @@ def _model_alias(argv: list[str]) -> list[str]:
 
 
 def cmd_train(args) -> int:
-    from .train import help_parser, run, train_help
+    from lanpo.launch.train import help_parser, run, train_help
 
     rest = getattr(args, "rest", [])
     if "--help-all" in rest:
@@ -333,7 +333,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from .sft import run_sft
+    from lanpo.launch.sft import run_sft
 
     run_sft(_model_alias(getattr(args, "rest", [])))
     end_distributed()
@@ -378,11 +378,11 @@ def _sft_data_parser(sub) -> None:
 
 
 def cmd_sft_data(args) -> int:
-    from .data import load_problems
-    from .presets import training_split
-    from .rewards import MathVerifier
-    from .runlog import check_writable
-    from .sft_data import EndpointTeacher, build_sft_data
+    from lanpo.data.loaders import load_problems
+    from lanpo.data.presets import training_split
+    from lanpo.launch.sft_data import EndpointTeacher, build_sft_data
+    from lanpo.run.runlog import check_writable
+    from lanpo.verify.rewards import MathVerifier
 
     mix = args.mix
     problems = load_problems(args.data, split=training_split(args.data, args.split), limit=args.limit,
@@ -394,7 +394,7 @@ def cmd_sft_data(args) -> int:
     else:
         import torch
 
-        from .generation import HFGenerator
+        from lanpo.engine.generation import HFGenerator
 
         torch.manual_seed(args.seed)
         model, tokenizer = load_for_generation(_model_path(args.teacher), args.backend, seed=args.seed)

@@ -13,7 +13,7 @@ from typing import Literal, get_args
 
 from trl import GRPOConfig
 
-from .rollout import plan_group
+from lanpo.rollout import GroupPlan, plan_group
 
 logger = logging.getLogger(__name__)
 
@@ -156,8 +156,8 @@ class LanpoConfig(GRPOConfig):
         if self.summaries_per_group > self.num_generations:
             raise ValueError(f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
                              f"({self.num_generations}).")
-        scratch, reflection, _ = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
-        if scratch == 0 and reflection and self.reflection_source != "pool":
+        plan = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
+        if plan.scratch == 0 and plan.reflection and self.reflection_source != "pool":
             until = ("in every step: reflection_source step reflects only on this step's scratch rollouts"
                      if self.reflection_source == "step" else
                      "until every problem has attempts in the pool (after the first epoch)")
@@ -165,7 +165,7 @@ class LanpoConfig(GRPOConfig):
                 "feedback_ratio %s leaves no scratch rollouts in a group of %d: a problem with no stored attempts "
                 "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt, and "
                 "the realized p_t (lanpo/feedback_share) stays below %s %s.", self.feedback_ratio,
-                self.num_generations, reflection, self.feedback_ratio, until)
+                self.num_generations, plan.reflection, self.feedback_ratio, until)
 
     def _check_lanpo_fields(self) -> None:
         def unit(name: str) -> None:
@@ -261,8 +261,8 @@ class LanpoConfig(GRPOConfig):
             return self.feedback_ratio * min(1.0, step / self.feedback_warmup_steps)
         return self.feedback_ratio
 
-    def group_plan(self, step: int) -> tuple[int, int, int]:
-        """``(scratch, reflection, abstraction)`` rollouts per group of G at ``step``."""
+    def group_plan(self, step: int) -> GroupPlan:
+        """The rollouts per group of G at ``step``, by kind."""
         return plan_group(self.num_generations, self.feedback_ratio_at(step), self.reflection_share)
 
 

@@ -17,8 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from .cli import main as lanpo
-from .report import write_report
+from lanpo.cli import main as lanpo
+from lanpo.report.page import write_report
 
 DEMO_STEPS = 12
 EVAL = ["--data", "builtin:arith?split=test", "--limit", "48", "--k", "4", "--temperature", "0.7",
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def show_method(run: Path, width: int = 600) -> str:
     """One pool entry the policy wrote and one feedback prompt with its completion, as text."""
-    from .pool import ExperiencePool
-    from .prompts import clip
-    from .runlog import read_jsonl
+    from lanpo.pool.store import ExperiencePool
+    from lanpo.prompts import clip
+    from lanpo.run.runlog import read_jsonl
 
     lines = ["", "== What the policy wrote into its experience pool =="]
     pool = ExperiencePool(run / "pool.sqlite", readonly=True)

@@ -18,12 +18,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .answers import mentions_answer
-from .pool import PoolEntry
-from .prompts import Messages, abstraction_text, clip, reflection_text, user
+from lanpo.pool.store import PoolEntry
+from lanpo.prompts import Messages, abstraction_text, clip, reflection_text, user
+from lanpo.verify.answers import mentions_answer
 
 # Label talk: verdicts, grades and reference answers. A feedback template never says these about an attempt,
-# and an SFT reflection example that says them is not kept (lanpo.sft_data).
+# and an SFT reflection example that says them is not kept (lanpo.launch.sft_data).
 LABEL_TALK_PATTERNS = [
     r"\breward(?:s|ed)?\b",
     r"\bscore[sd]?\s*[:=]",

@@ -27,22 +27,34 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
-from .feedback import build_abstraction_prompt, build_reflection_prompt
-from .pool import Attempt, ExperiencePool
-from .prompts import Messages, clip, with_prefill
-from .retrieval import Retriever
-from .summarize import Trial, summary_prompt
+from lanpo.feedback import build_abstraction_prompt, build_reflection_prompt
+from lanpo.pool.retrieval import Retriever
+from lanpo.pool.store import Attempt, ExperiencePool
+from lanpo.prompts import Messages, clip, with_prefill
+from lanpo.summarize import Trial, summary_prompt
 
 FEEDBACK_KINDS = ("reflection", "abstraction")
 
 
-def plan_group(g: int, feedback_ratio: float, reflection_share: float) -> tuple[int, int, int]:
-    """``(scratch, reflection, abstraction)`` rows of a group of ``g``: round(p_t·g) get feedback (half up)."""
+class GroupPlan(NamedTuple):
+    """How many rows of a group of G each kind gets."""
+
+    scratch: int
+    reflection: int
+    abstraction: int
+
+    @property
+    def feedback(self) -> int:
+        return self.reflection + self.abstraction
+
+
+def plan_group(g: int, feedback_ratio: float, reflection_share: float) -> GroupPlan:
+    """The rows of a group of ``g`` by kind: round(p_t·g) get feedback (half up)."""
     feedback = int(feedback_ratio * g + 0.5)
     reflection = int(feedback * reflection_share + 0.5)
-    return g - feedback, reflection, feedback - reflection
+    return GroupPlan(g - feedback, reflection, feedback - reflection)
 
 
 @dataclass
@@ -91,15 +103,17 @@ def problem_of(row: dict) -> tuple[str, str]:
     return str(problem_id), str(problem)
 
 
-def make_rows(inputs: Sequence[dict], g: int, plan: tuple[int, int, int] | None = None) -> list[Row]:
+def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, int, int] | None = None) -> list[Row]:
     """One :class:`Row` per input, kinds assigned by ``plan`` within each group of ``g`` (``None``: all scratch)."""
+    plan = GroupPlan(*plan) if plan is not None else None
     rows = []
     for i, item in enumerate(inputs):
         pid, problem = problem_of(item)
         kind = "scratch"
         if plan is not None:
             j = i % g
-            kind = "scratch" if j < plan[0] else "reflection" if j < plan[0] + plan[1] else "abstraction"
+            kind = "scratch" if j < plan.scratch else "reflection" if j < plan.scratch + plan.reflection \
+                else "abstraction"
         rows.append(Row(pid, problem, str(item["answer"]), kind))
     return rows
 

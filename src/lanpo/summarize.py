@@ -10,11 +10,11 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .answers import extract_answer
-from .feedback import clean_lessons
-from .generation import GenerateFn
-from .pool import PoolEntry
-from .prompts import Messages, parse_summary, summary_messages
+from lanpo.engine.generation import GenerateFn
+from lanpo.feedback import clean_lessons
+from lanpo.pool.store import PoolEntry
+from lanpo.prompts import Messages, parse_summary, summary_messages
+from lanpo.verify.answers import extract_answer
 
 
 @dataclass

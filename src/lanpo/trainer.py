@@ -22,18 +22,27 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from . import checkpoints, objective, rollout, runlog, vllm_cpu
-from .config import LanpoConfig
-from .data import with_answer_column
-from .generation import chat_ids, left_pad, length_limit, sample_with_logprobs
-from .loss import LossHooks
-from .pool import POOL_FILENAME, ExperiencePool
-from .prompts import solve_messages
-from .retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
-from .rewards import MathVerifier, make_accuracy_reward
-from .runlog import MetricsFileCallback, row_record, step_metrics, time_metrics, write_retrievals, write_samples
-from .summarize import Trial, entry_from_summary
-from .training_eval import TrainingEval, load_eval_problems
+from lanpo import objective, rollout
+from lanpo.config import LanpoConfig
+from lanpo.data.loaders import with_answer_column
+from lanpo.engine import vllm_cpu
+from lanpo.engine.generation import chat_ids, left_pad, length_limit, sample_with_logprobs
+from lanpo.eval.during_training import TrainingEval, load_eval_problems
+from lanpo.loss_hooks import LossHooks
+from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
+from lanpo.pool.store import POOL_FILENAME, ExperiencePool
+from lanpo.prompts import solve_messages
+from lanpo.run import checkpoints, runlog
+from lanpo.run.runlog import (
+    MetricsFileCallback,
+    row_record,
+    step_metrics,
+    time_metrics,
+    write_retrievals,
+    write_samples,
+)
+from lanpo.summarize import Trial, entry_from_summary
+from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +51,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
     """TRL's ``GRPOTrainer`` with LANPO's language-guided rollouts and experience pool.
 
     Arguments are ``GRPOTrainer``'s, with ``args`` a :class:`LanpoConfig`; ``reward_funcs`` defaults to math
-    accuracy on the dataset's answer column (``lanpo.data.with_answer_column``); ``pool`` defaults to
+    accuracy on the dataset's answer column (``lanpo.data.loaders.with_answer_column``); ``pool`` defaults to
     ``<output_dir>/pool.sqlite`` on the main process.
     """
 
@@ -140,7 +149,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         if inputs is None or len(inputs) != len(prompts) or len(prompts) % g:
             raise RuntimeError("LanpoTrainer rollouts must come from its own _generate_and_score_completions.")
         plan = self.args.group_plan(self.state.global_step)
-        if plan[1] == 0 and plan[2] == 0:  # no feedback this step: exactly GRPO's generation
+        if plan.feedback == 0:  # no feedback this step: exactly GRPO's generation
             self._rows = rollout.make_rows(inputs, g)
             self._summarize_pending_apart()
             start = time.perf_counter()
@@ -228,7 +237,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 advantages = objective.scratch_baseline_advantages(self._rewards_per_func, self.reward_weights,
                                                                    flags, g, self.args.scale_rewards)
             output["advantages"] = self._local(advantages).to(output["advantages"])
-        if sum(self.args.group_plan(step)[1:]):  # feedback planned: the loss treats feedback rows (lanpo.loss)
+        if self.args.group_plan(step).feedback:  # feedback planned: the loss treats feedback rows (lanpo.loss_hooks)
             self._attach_feedback_inputs(output)
             if self.args.strips_context() and "importance_sampling_ratio" in output:
                 self._strip_vllm_correction(output)

@@ -1,0 +1,464 @@
+"""Problems: one schema, one loader.
+
+Every data source becomes a list of :class:`Problem` ``{id, problem, answer, source}``. A data spec is one of
+
+* ``builtin:arith`` — the embedded procedural generator (options after ``?``: ``levels=1,2,3``, ``n=``,
+  ``seed=``, ``split=train|test``); train and test splits are disjoint by construction;
+* a preset or benchmark name (``gsm8k``, ``math``, ``math500``, ``dapo-math-17k``, ``aime24``, ``aime25``,
+  ``amc23``, ``minerva``, ``olympiadbench``), read from ``--data-dir`` when given, else from the hub;
+* a local ``.jsonl`` / ``.json`` / ``.parquet`` file, with field mapping;
+* any other Hugging Face dataset name, through ``datasets``.
+
+Rows without a problem or an answer are counted and skipped, never silently turned into empty strings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl
+
+from lanpo.data.arith import arith_problems
+from lanpo.data.presets import PRESETS
+from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    problem: str
+    answer: str
+    source: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+class DataError(ValueError):
+    """A data spec or file that cannot be turned into problems."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Answer formats
+
+
+def _plain(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, list | tuple):
+        value = value[0] if len(value) == 1 else ", ".join(str(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    text = str(value).strip()
+    return text or None
+
+
+ANSWER_FORMATS: dict[str, Callable[[Any], str | None]] = {
+    "plain": _plain,
+    "gsm8k": lambda v: gsm8k_answer(str(v)) if v is not None else None,
+    "boxed": lambda v: last_boxed(str(v)) if v is not None else None,
+}
+
+PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
+ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "ground_truth")
+ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "uid")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Row conversion
+
+
+# A problem longer than this is not a math problem but a data error (a 50 MB row would otherwise reach the
+# tokenizer and ask for a 48 GB allocation): such rows are counted and skipped, naming them. The longest problem
+# of MATH, AIME, AMC and GSM8K is under 3,000 characters.
+MAX_PROBLEM_CHARS = 16_000
+
+
+@dataclass
+class LoadStats:
+    rows: int = 0
+    kept: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    unit_notes_removed: int = 0  # golds like "9 (apples)" kept as "9"
+    examples: dict[str, list[int]] = field(default_factory=dict)  # the first rows (1-based) skipped per reason
+
+    def skip(self, reason: str, row: int | None = None) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        if row is not None and len(self.examples.setdefault(reason, [])) < 3:
+            self.examples[reason].append(row)
+
+
+def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | None:
+    """The row's field named ``wanted`` (else the first of ``candidates``), matched case-insensitively."""
+    lower = {str(k).lower(): k for k in row}
+    for name in [wanted] if wanted else candidates:
+        if name in row:
+            return name
+        if name.lower() in lower:
+            return lower[name.lower()]
+    return None
+
+
+# Fields that hold worked solutions or metadata: long, but not part of the problem.
+NOT_PROBLEM_TEXT = {"solution", "answer", "rationale", "explanation", "reasoning", "url", "source", "equation",
+                    "type", "level", "subject", "difficulty", "unique_id", "id"}
+LONG_TEXT = 40  # characters: a field this long may hold facts the problem needs
+
+
+def template_fields(template: str) -> list[str]:
+    """The ``{Field}`` names of a problem template such as ``"{Body} {Question}"``."""
+    import string
+
+    return [name for _, name, _, _ in string.Formatter().parse(template) if name]
+
+
+def _fill(template: str, row: dict) -> str | None:
+    values = {}
+    for name in template_fields(template):
+        key = _pick(row, name, ())
+        if key is None or _plain(row.get(key)) is None:
+            return None
+        values[name] = _plain(row[key])
+    return template.format(**values)
+
+
+def _unused_long_fields(row: dict, used: set[str]) -> list[str]:
+    return sorted(str(k) for k, v in row.items() if isinstance(v, str) and len(v) >= LONG_TEXT
+                  and str(k) not in used and str(k).lower() not in NOT_PROBLEM_TEXT)
+
+
+def rows_to_problems(
+    rows: list[dict] | Any,
+    source: str,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    id_field: str | None = None,
+    answer_format: str = "plain",
+    stats: LoadStats | None = None,
+    problem_template: str | None = None,
+) -> list[Problem]:
+    """Map raw rows to problems; rows missing a problem or answer are skipped and counted in ``stats``.
+
+    ``problem_template`` builds the problem from several fields (``"{Body} {Question}"``, case-insensitive).
+    Field names match case-insensitively. Golds written with a unit note (``9 (apples)``) are kept as the number.
+    """
+    if answer_format not in ANSWER_FORMATS:
+        raise DataError(f"Unknown answer_format {answer_format!r}; choose from {sorted(ANSWER_FORMATS)}.")
+    stats = stats if stats is not None else LoadStats()
+    to_answer = ANSWER_FORMATS[answer_format]
+    problems: list[Problem] = []
+    seen_ids: set[str] = set()
+    fields_checked = False
+    for index, row in enumerate(rows):
+        stats.rows += 1
+        if not isinstance(row, dict):
+            stats.skip("not an object", index + 1)
+            continue
+        p_key = None if problem_template else _pick(row, problem_field, PROBLEM_FIELDS)
+        a_key = _pick(row, answer_field, ANSWER_FIELDS)
+        if not fields_checked:
+            missing = [f for f in (template_fields(problem_template) if problem_template else []) if
+                       _pick(row, f, ()) is None]
+            if (p_key is None and not problem_template) or a_key is None or missing:
+                what = f"the template field(s) {missing}" if missing else \
+                    f"the {'problem' if p_key is None and not problem_template else 'answer'} field"
+                raise DataError(f"{source}: cannot find {what} in rows with fields {sorted(map(str, row))} "
+                                "(names match case-insensitively); pass --problem-field / --answer-field / "
+                                "--problem-template.")
+            used = {p_key, a_key, _pick(row, id_field, ID_FIELDS)} | {_pick(row, f, ()) for f in
+                                                                       template_fields(problem_template or "")}
+            unused = _unused_long_fields(row, {str(u) for u in used if u is not None})
+            if unused:
+                logger.warning("%s: field(s) %s hold long text that is not part of the problem; if the problem "
+                               "needs them, pass e.g. --problem-template \"{%s} {%s}\"", source, unused, unused[0],
+                               p_key or "Question")
+        fields_checked = True
+        text = _fill(problem_template, row) if problem_template else _plain(row.get(p_key)) if p_key else None
+        if isinstance(row.get(p_key), list) and row[p_key] and isinstance(row[p_key][-1], dict):
+            text = _plain(row[p_key][-1].get("content"))  # chat-format prompt: the last user message
+        # A field found by guessing that is called "solution" holds a worked solution: take its last \boxed{}.
+        guessed_solution = a_key == "solution" and answer_field != "solution" and answer_format == "plain"
+        fmt = ANSWER_FORMATS["boxed"] if guessed_solution else to_answer
+        raw_answer = row.get(a_key) if a_key else None
+        if isinstance(raw_answer, dict) or (isinstance(raw_answer, list | tuple) and
+                                            any(isinstance(v, dict | list | tuple) for v in raw_answer)):
+            stats.skip("answer is an object, not a number or text", index + 1)  # never a gold that cannot verify
+            continue
+        try:
+            answer = fmt(raw_answer) if a_key else None
+        except Exception:  # a malformed answer never stops a load
+            answer = None
+        if not text:
+            stats.skip("missing problem", index + 1)
+            continue
+        if len(text) > MAX_PROBLEM_CHARS:
+            stats.skip(f"problem longer than {MAX_PROBLEM_CHARS:,} characters", index + 1)
+            continue
+        if not answer:
+            stats.skip("missing answer", index + 1)
+            continue
+        if (bare := strip_unit_note(answer)) != answer:
+            answer = bare
+            stats.unit_notes_removed += 1
+        i_key = _pick(row, id_field, ID_FIELDS)
+        pid = _plain(row.get(i_key)) if i_key else None
+        pid = f"{source}-{pid}" if pid else f"{source}-{index}"
+        if pid in seen_ids:
+            pid = f"{pid}-{index}"
+        seen_ids.add(pid)
+        problems.append(Problem(pid, text, answer, source))
+        stats.kept += 1
+    if stats.skipped:
+        rows_named = "; ".join(f"{reason}: row(s) {', '.join(map(str, rows))}{' ...' if stats.skipped[reason] > 3 else ''}"
+                               for reason, rows in stats.examples.items())
+        logger.warning("%s: kept %d of %d rows; skipped %s%s", source, stats.kept, stats.rows, stats.skipped,
+                       f" ({rows_named})" if rows_named else "")
+    if stats.unit_notes_removed:
+        logger.info("%s: %d gold answers had a unit note in parentheses, removed (\"9 (apples)\" -> \"9\")",
+                    source, stats.unit_notes_removed)
+    return problems
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Read a local jsonl / json / parquet file into a list of rows; malformed jsonl lines become ``None``."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows: list[Any] = []
+        with path.open("rb") as handle:
+            for number, raw in enumerate(handle, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as error:
+                    logger.warning("%s:%d is not UTF-8 (byte %d of the line); skipped", path, number, error.start)
+                    rows.append(None)
+                    continue
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    logger.warning("%s:%d is not valid JSON; skipped", path, number)
+                    rows.append(None)
+        return rows
+    if suffix == ".json":
+        raw = path.read_bytes()
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            line = raw[:error.start].count(b"\n") + 1
+            raise DataError(f"{path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path} is not valid JSON: {error}") from error
+        if isinstance(data, dict):
+            lists = [v for v in data.values() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise DataError(f"{path} holds an object; expected a list of rows (or an object with one list).")
+            data = lists[0]
+        if not isinstance(data, list):
+            raise DataError(f"{path} must hold a JSON array of rows.")
+        return data
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    raise DataError(f"Unsupported file type {path.suffix!r} for {path}; use .jsonl, .json or .parquet.")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Built-in procedural problems (the embedded default; generator in lanpo.data.arith)
+
+DEFAULT_ARITH = {"levels": "1", "n": 256, "seed": 0, "split": "train"}
+
+
+def builtin_arith(levels: list[int] | str = DEFAULT_ARITH["levels"], n: int = DEFAULT_ARITH["n"],
+                  seed: int = DEFAULT_ARITH["seed"], split: str = DEFAULT_ARITH["split"]) -> list[Problem]:
+    """Seeded, reproducible arithmetic problems; levels are mixed in equal shares.
+
+    The default (level 1, single-digit addition and subtraction) is where SmolLM2-135M-Instruct starts at
+    about 20% (lenient extraction, T=0.7): it usually computes the sum, then rambles past it, which leaves it
+    room to learn. Levels 2-5 measured 6%, 5%, 5% and 0%. Problems are unique within a split; train and test
+    are disjoint.
+    """
+    if isinstance(levels, str):
+        levels = [int(x) for x in re.split(r"[,\s]+", levels.strip()) if x]
+    if not levels:
+        raise DataError("builtin:arith needs at least one level.")
+    if split not in ("train", "test"):
+        raise DataError(f"builtin:arith split must be 'train' or 'test', not {split!r}.")
+    try:
+        rows = arith_problems(levels, n, seed, split)
+    except ValueError as error:
+        raise DataError(str(error)) from error
+    if len(rows) < n:
+        logger.warning("builtin:arith levels %s hold only %d distinct %s problems (asked for %d)",
+                       levels, len(rows), split, n)
+    return [Problem(pid, text, answer, f"builtin:arith/L{level}") for pid, text, answer, level in rows]
+
+
+def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
+    name, _, query = spec.partition("?")
+    return name, dict(parse_qsl(query))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The one loader
+
+
+def split_specs(text: str) -> list[str]:
+    """Comma-separated data specs, where a comma inside a query stays: ``builtin:arith?levels=1,2,math500`` is
+    ``builtin:arith?levels=1,2`` and ``math500`` (a piece joins the spec before it when that spec has a query and
+    the piece names no data of its own: no preset, no ``builtin:``, file or hub name)."""
+    specs: list[str] = []
+    for piece in (p.strip() for p in text.split(",")):
+        if not piece:
+            continue
+        names_data = piece in PRESETS or any(c in piece for c in ":/.")
+        if specs and "?" in specs[-1] and not names_data:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def default_split(spec: str) -> str | None:
+    """The split held-out evaluation reads when none is named: ``test`` for ``builtin:`` sets, else the source's."""
+    return "test" if spec.startswith("builtin:") and "split=" not in spec else None
+
+
+def load_problems(
+    spec: str,
+    split: str | None = None,
+    limit: int | None = None,
+    data_dir: str | Path | None = None,
+    problem_field: str | None = None,
+    answer_field: str | None = None,
+    id_field: str | None = None,
+    answer_format: str | None = None,
+    seed: int | None = None,
+    problem_template: str | None = None,
+) -> list[Problem]:
+    """Load problems from any data spec (see the module docstring). ``limit`` keeps the first N.
+
+    ``problem_template`` (``"{Body} {Question}"``) builds each problem from several fields of a row.
+    """
+    if answer_format is not None and answer_format not in ANSWER_FORMATS:
+        raise DataError(f"Unknown answer_format {answer_format!r}; choose from {sorted(ANSWER_FORMATS)}.")
+    if spec.startswith("builtin:"):
+        problems = _builtin(spec, split, seed, limit)
+    else:
+        fields = {"problem_field": problem_field, "answer_field": answer_field, "id_field": id_field,
+                  "problem_template": problem_template}
+        problems = _load(spec, split, data_dir, answer_format, fields)
+    if not problems:
+        raise DataError(f"{spec}: no usable problems were loaded.")
+    return problems[:limit] if limit else problems
+
+
+def _builtin(spec: str, split: str | None, seed: int | None, limit: int | None) -> list[Problem]:
+    name, options = parse_builtin(spec)
+    if name != "builtin:arith":
+        raise DataError(f"Unknown built-in data {name!r}; available: builtin:arith.")
+    unknown = set(options) - set(DEFAULT_ARITH)
+    if unknown:
+        raise DataError(f"builtin:arith has no option(s) {sorted(unknown)}; options: {sorted(DEFAULT_ARITH)}.")
+    kwargs = {**DEFAULT_ARITH, **options}
+    if split:
+        kwargs["split"] = split
+    if seed is not None:
+        kwargs["seed"] = seed
+    if limit and "n" not in options:
+        kwargs["n"] = limit
+    try:
+        return builtin_arith(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"])
+    except ValueError as error:
+        raise DataError(f"{spec}: {error}") from error
+
+
+GENERIC_STEMS = {"train", "test", "validation", "valid", "dev", "data", "eval", "val"}
+
+
+def file_source(path: Path) -> str:
+    """A data file's source name: its folder, with the split (``gsm8k/test.jsonl`` → ``gsm8k-test``), so ids of
+    two sets never collide; a file with a specific name keeps it (``my_problems.jsonl`` → ``my_problems``)."""
+    folder = path.resolve().parent.name
+    return f"{folder}-{path.stem}" if path.stem.lower() in GENERIC_STEMS and folder else path.stem
+
+
+def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
+    path = Path(spec).expanduser()
+    if path.suffix.lower() in (".jsonl", ".json", ".parquet") or path.is_file():
+        if not path.is_file():
+            raise DataError(f"Data file not found: {path}")
+        return rows_to_problems(read_rows(path), file_source(path), answer_format=answer_format or "plain", **fields)
+
+    if spec in PRESETS:
+        preset = PRESETS[spec]
+        split = split or preset.split
+        if data_dir is not None:
+            local = preset.local.get(split)
+            if local is None:
+                raise DataError(f"{spec} has no local {split!r} split under --data-dir "
+                                f"(known: {sorted(preset.local) or 'none'}).")
+            file = Path(data_dir).expanduser() / local
+            if not file.is_file():
+                raise DataError(f"{spec}: expected {file} (from --data-dir {data_dir}); it does not exist.")
+            fmt = answer_format or preset.local_answer_format or preset.answer_format
+            return rows_to_problems(read_rows(file), spec, answer_format=fmt, **fields)
+        rows = _hub_rows(preset.hub, preset.config, split)
+        fields = {**fields, "problem_field": fields["problem_field"] or preset.problem_field,
+                  "answer_field": fields["answer_field"] or preset.answer_field}
+        return rows_to_problems(rows, spec, answer_format=answer_format or preset.answer_format, **fields)
+
+    if "/" in spec:
+        name, _, config = spec.partition(":")
+        rows = _hub_rows(name, config or None, split or "train")
+        return rows_to_problems(rows, name.split("/")[-1], answer_format=answer_format or "plain", **fields)
+    raise DataError(
+        f"Unknown data {spec!r}: not a file, a preset ({', '.join(PRESETS)}), builtin:arith, or a hub name (org/name)."
+    )
+
+
+def _hub_rows(name: str, config: str | None, split: str):
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as error:  # offline, unknown name, missing split: all need the same advice
+        raise DataError(
+            f"Could not load {name!r} (split {split!r}) from the Hugging Face hub: {error}. If this machine is "
+            "offline, point --data-dir at local copies or pass a local .jsonl/.json/.parquet file."
+        ) from error
+
+
+def to_prompt_dataset(problems: list[Problem]):
+    """A ``datasets.Dataset`` with the fields TRL needs (``prompt``) and the ones lanpo's rewards read."""
+    import datasets
+
+    from lanpo.prompts import solve_messages
+
+    return datasets.Dataset.from_list([
+        {"prompt": solve_messages(p.problem), "answer": p.answer, "problem_id": p.id, "problem": p.problem,
+         "source": p.source}
+        for p in problems
+    ])
+
+
+def with_answer_column(dataset, answer_field: str | None = None):
+    """``dataset`` with an ``answer`` column for the reward: taken from ``answer_field``, else the first of
+    ``final_answer``, ``solution`` (its last ``\\boxed{}``), ``target``, ``ground_truth`` (case-insensitive)."""
+    names = dataset.column_names
+    if answer_field is None and "answer" in names:
+        return dataset
+    key = _pick(dict.fromkeys(names), answer_field, ANSWER_FIELDS)
+    if key is None:
+        raise DataError(f"The training dataset has no answer column (columns: {names}); name it 'answer', or "
+                        f"pass one of {list(ANSWER_FIELDS)} (lanpo train --answer_field NAME).")
+    fmt = ANSWER_FORMATS["boxed" if key.lower() == "solution" else "plain"]
+    return dataset.map(lambda row: {"answer": fmt(row[key]) or ""})

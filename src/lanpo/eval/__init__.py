@@ -1,0 +1,1 @@
+"""Evaluation: mean@k in the three inference modes, and evaluation during training."""

@@ -1,0 +1,1 @@
+"""Grids of runs (`lanpo experiment`) and the statistics of their tables."""

@@ -1,0 +1,321 @@
+"""``lanpo experiment GRID``: arms × seeds from one base config, every cell resumable, one results table.
+
+A grid file (YAML)::
+
+    name: grpo-vs-lanpo
+    base: ../embedded.yaml          # a `lanpo train` config, relative to this file (optional)
+    settings: {max_steps: 30, eval_every: 10, eval_benchmarks: "builtin:arith?split=test", eval_k: 4}
+    seeds: [0, 1, 2]
+    reference: grpo                 # differences are taken against this arm (default: the first)
+    arms:
+      grpo: {feedback_ratio: 0}
+      lanpo: {}
+    out: runs/experiments/grpo-vs-lanpo
+
+A grid may extend another (``extends: other.yaml``, relative to this file): it takes that grid's base, settings,
+seeds, reference and arms, merges its own settings over them and replaces the rest it gives, so the same grid on
+another device or from another model is a few lines (``configs/experiments/embedded-gpu.yaml``).
+
+Each cell (arm, seed) is a ``lanpo train`` run in ``OUT/ARM/seed-S``, in a process of its own, from the merged
+config (base < settings < arm < seed) written beside it as ``seed-S.yaml``. A finished cell (``cell.json``) is
+skipped, an interrupted one resumes from its newest checkpoint, and a cell whose merged config changed since it
+ran is refused; so a grid can be filled over several sittings, and re-running a finished one only rewrites the
+table. Every cell's config is validated before any cell runs. The table (``OUT/results.md``, optionally also a
+marked section of another file) compares the held-out ``eval/...mean@k`` that training logs every ``eval_every``
+steps, over seeds, at equal steps and at equal wall-clock (statistics: :mod:`lanpo.experiments.stats`);
+``OUT/results.png`` plots both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from lanpo.experiments.stats import COMPLETE, collect, plot_results, results_table, write_section
+
+GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out"}
+
+
+class GridError(ValueError):
+    """A grid file that cannot run as written."""
+
+
+@dataclass
+class Grid:
+    name: str
+    arms: dict[str, dict]
+    seeds: list[int]
+    out: Path
+    reference: str
+    base: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)
+
+    def run_dir(self, arm: str, seed: int) -> Path:
+        return self.out / arm / f"seed-{seed}"
+
+    def config(self, arm: str, seed: int) -> dict:
+        return {**self.base, **self.settings, **self.arms[arm], "seed": seed,
+                "output_dir": str(self.run_dir(arm, seed))}
+
+    def cells(self, arms: list[str] | None = None, seeds: list[int] | None = None) -> list[tuple[str, int]]:
+        return [(a, s) for a in (arms or list(self.arms)) for s in (seeds if seeds is not None else self.seeds)]
+
+
+def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """The grid file's mapping, with ``base`` made absolute and ``extends`` resolved: the extended grid's base,
+    settings, seeds, reference and arms, this file's settings merged over its settings and its other keys over the
+    rest (name and out are never inherited: two grids must not share run directories)."""
+    try:
+        spec = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as error:
+        raise GridError(f"{path}: cannot read the grid ({error}).") from error
+    if not isinstance(spec, dict):
+        raise GridError(f"{path}: a grid is a YAML mapping with {', '.join(sorted(GRID_KEYS))}.")
+    unknown = set(spec) - GRID_KEYS
+    if unknown:
+        raise GridError(f"{path}: unknown keys {sorted(unknown)} (a grid has {', '.join(sorted(GRID_KEYS))}; "
+                        "training fields go under settings or an arm).")
+    if spec.get("base"):
+        spec["base"] = str((path.parent / str(spec["base"])).resolve())
+    if not spec.get("extends"):
+        return spec
+    parent, seen = (path.parent / str(spec.pop("extends"))).resolve(), (*seen, path.resolve())
+    if parent in seen:
+        raise GridError(f"{path}: extends {parent}, which extends it back.")
+    if not parent.is_file():
+        raise GridError(f"{path}: the grid it extends, {parent}, does not exist.")
+    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out"}}
+    settings = {**(inherited.get("settings") or {}), **(spec.get("settings") or {})}
+    return {**inherited, **spec, "settings": settings}
+
+
+def load_grid(path: str | Path, reference: str | None = None) -> Grid:
+    path = Path(path)
+    spec = _read_spec(path)
+    arms = spec.get("arms")
+    if not isinstance(arms, dict) or not arms:
+        raise GridError(f"{path}: arms must map each arm's name to its overrides (an empty mapping: the base).")
+    arms = {str(k): dict(v or {}) for k, v in arms.items()}
+    for name, overrides in arms.items():
+        if not isinstance(overrides, dict) or not name or "/" in name:
+            raise GridError(f"{path}: arm {name!r} must be a plain name mapped to overrides.")
+        if {"seed", "output_dir"} & set(overrides):
+            raise GridError(f"{path}: arm {name!r} sets seed or output_dir; the grid sets them per cell.")
+    seeds = spec.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds) \
+            or len(set(seeds)) != len(seeds):
+        raise GridError(f"{path}: seeds must be a list of distinct integers, got {seeds!r}.")
+    base = {}
+    if spec.get("base"):
+        base_path = Path(spec["base"])  # absolute: relative to the file that named it
+        if not base_path.is_file():
+            raise GridError(f"{path}: base config {base_path} does not exist.")
+        base = yaml.safe_load(base_path.read_text()) or {}
+    reference = str(reference or spec.get("reference") or next(iter(arms)))  # the argument: --reference
+    if reference not in arms:
+        raise GridError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)}).")
+    name = str(spec.get("name") or path.stem)
+    return Grid(name, arms, seeds, Path(spec.get("out") or f"runs/experiments/{name}"), reference, base,
+                dict(spec.get("settings") or {}))
+
+
+def config_hash(config: dict) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cell_state(grid: Grid, arm: str, seed: int) -> str:
+    """complete | changed (done with another config) | resume (a checkpoint to continue) | new."""
+    from lanpo.launch.train import resume_target
+
+    run = grid.run_dir(arm, seed)
+    done = run / COMPLETE
+    if done.is_file():
+        return "complete" if json.loads(done.read_text()).get("config") == config_hash(grid.config(arm, seed)) \
+            else "changed"
+    try:
+        resume_target("latest", str(run))
+        return "resume"
+    except FileNotFoundError:
+        return "new"
+
+
+def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
+    """Every cell's config through ``lanpo train``'s own parsing (no model loads): errors name the arm."""
+    from lanpo.launch.train import parse
+
+    written: list[Path] = []  # what this validation created, removed again when a cell is refused
+    try:
+        for arm, seed in cells:
+            spec = grid.run_dir(arm, seed).with_suffix(".yaml")
+            written += [p for p in (*reversed(spec.parents), spec) if not p.exists()]
+            spec.parent.mkdir(parents=True, exist_ok=True)
+            spec.write_text(yaml.safe_dump(grid.config(arm, seed), sort_keys=False))
+            try:
+                parse(["--config", str(spec)])
+            except (ValueError, TypeError) as error:
+                raise GridError(f"arm {arm!r} (seed {seed}): {error}") from error
+            except SystemExit as error:  # argparse printed why
+                raise GridError(f"arm {arm!r} (seed {seed}): its config does not parse (see above).") from error
+    except GridError:
+        for path in reversed(written):  # files, then their folders, deepest first
+            try:
+                path.unlink() if path.is_file() else path.rmdir()
+            except OSError:
+                pass
+        raise
+
+
+def cell_env(jobs: int, environ: dict[str, str] | None = None, cpus: int | None = None) -> dict[str, str]:
+    """The environment of a cell's process: with ``jobs`` cells at once, each gets its share of the CPU cores as
+    torch threads (unless the user set ``OMP_NUM_THREADS``); by default torch takes every core in every process,
+    and cells oversubscribing the cores slow each other far more than sharing them does."""
+    env = dict(os.environ if environ is None else environ)
+    if jobs > 1 and "OMP_NUM_THREADS" not in env:
+        env["OMP_NUM_THREADS"] = str(max(1, (cpus or os.cpu_count() or 1) // jobs))
+    return env
+
+
+def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = None, jobs: int = 1) -> bool:
+    """One ``lanpo train`` process (its output to ``log`` when given); ``cell.json`` marks the cell complete when it
+    exits 0. ``jobs``: cells running at once (see :func:`cell_env`)."""
+    run = grid.run_dir(arm, seed)
+    if state == "resume":
+        argv = ["--resume", "latest", "--output_dir", str(run)]
+    else:
+        argv = ["--config", str(run.with_suffix(".yaml")), "--overwrite"]
+    command = [sys.executable, "-m", "lanpo.cli", "train", *argv]
+    env = cell_env(jobs)
+    if log is None:
+        code = subprocess.run(command, env=env).returncode
+    else:
+        with log.open("a") as handle:
+            code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
+    if code == 0:
+        (run / COMPLETE).write_text(json.dumps({"arm": arm, "seed": seed,
+                                                "config": config_hash(grid.config(arm, seed))}) + "\n")
+        drop_checkpoints(run)
+    return code == 0
+
+
+def drop_checkpoints(run: Path) -> None:
+    """A complete cell never resumes again: its checkpoints go (1-2 GB each with the optimizer state; a grid's
+    filled the disk), its ``final`` model, pool and metrics stay. One that cannot go is named, not skipped."""
+    from lanpo.run import checkpoints  # here, as cell_state's import: loading the grid stays free of torch
+
+    checkpoints.discard_staging(run)
+    for checkpoint in checkpoints.checkpoints(run):
+        try:
+            shutil.rmtree(checkpoint)
+        except OSError as error:
+            print(f"warning: {checkpoint} (no longer needed) could not be removed: {error}", file=sys.stderr)
+
+
+def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None = None,
+             results_md: str | Path | None = None, table_only: bool = False, jobs: int = 1,
+             unfinished: bool = False) -> int:
+    """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table (with ``unfinished``, cells
+    that did not finish too, marked). Returns an exit code.
+
+    ``jobs`` > 1 runs that many cells at once (each its output in ``OUT/ARM/seed-S.log``), for machines where one
+    run leaves the accelerator idle; cells sharing a machine slow each other, so their wall-clock is not a
+    clean measure of an arm's cost."""
+    if jobs < 1:
+        raise GridError(f"--jobs must be 1 or more, got {jobs}.")
+    unknown = sorted(set(arms or []) - set(grid.arms))
+    if unknown:
+        raise GridError(f"--only {', '.join(unknown)}: not arms of {grid.name} ({', '.join(grid.arms)}).")
+    outside = sorted(set(seeds or []) - set(grid.seeds))
+    if outside:  # their cells would run and never reach the table
+        raise GridError(f"--seeds {', '.join(map(str, outside))}: not seeds of {grid.name} {grid.seeds}; add them to "
+                        "the grid's seeds.")
+    cells = grid.cells(arms, seeds)
+    failed = []
+    if not table_only:
+        states = {cell: cell_state(grid, *cell) for cell in cells}
+        changed = [f"{a}/seed-{s}" for (a, s), st in states.items() if st == "changed"]
+        if changed:
+            raise GridError(f"These cells ran with another config than the grid now gives them: {', '.join(changed)}. "
+                            f"Restore the grid, or delete those cells (or choose another out) to run them anew.")
+        todo = [cell for cell in cells if states[cell] != "complete"]
+        validate(grid, todo)
+        print(f"{grid.name}: {len(cells) - len(todo)} of {len(cells)} cells complete, {len(todo)} to run",
+              flush=True)
+        def one(k: int, cell: tuple[str, int]) -> None:
+            arm, seed = cell
+            # one write per line: cells' threads print at once, and print() writes the newline apart
+            print(f"[{k}/{len(todo)}] {arm} seed {seed}: {states[cell]}\n", end="", flush=True)
+            log = grid.run_dir(arm, seed).with_suffix(".log") if jobs > 1 else None
+            if not run_cell(grid, arm, seed, states[cell], log, jobs):
+                failed.append(f"{arm}/seed-{seed}")
+            elif log is not None:
+                print(f"{arm} seed {seed}: done\n", end="", flush=True)
+
+        if jobs == 1:
+            for k, cell in enumerate(todo, 1):
+                one(k, cell)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(jobs) as pool:  # each cell is a process of its own; threads only wait
+                list(pool.map(one, range(1, len(todo) + 1), todo))
+    results = collect(grid, unfinished)
+    table = results_table(grid, results)
+    grid.out.mkdir(parents=True, exist_ok=True)
+    (grid.out / "results.md").write_text(table)
+    plot_results(grid, results, grid.out / "results.png")
+    if results_md:
+        write_section(Path(results_md), grid.name, table)
+    if failed:
+        print(f"failed cells (the table {'marks them unfinished' if unfinished else 'leaves them out'}): "
+              f"{', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+# -- command line ------------------------------------------------------------------------------------------
+
+
+def add_parser(sub, new_path) -> None:
+    """``lanpo experiment`` on the command line's subparsers (``new_path``: the CLI's output-path check)."""
+    p = sub.add_parser("experiment", help="a grid of arms x seeds from one base config, resumable; one results table",
+                       description="Fill a grid (YAML: name, base, settings, seeds, reference, arms, out): each "
+                                   "(arm, seed) cell is a `lanpo train` run of its own; finished cells are skipped, "
+                                   "interrupted ones resume from their newest checkpoint. Then OUT/results.md (held-"
+                                   "out mean@k by step and at equal wall-clock, mean over seeds with 95% CIs, "
+                                   "differences paired by seed) and OUT/results.png. See configs/experiments/.")
+    p.add_argument("grid", help="the grid file (YAML)")
+    p.add_argument("--only", help="comma-separated arms to run (default: every arm)")
+    p.add_argument("--seeds", help="comma-separated seeds to run (default: the grid's)")
+    p.add_argument("--table-only", action="store_true", help="run nothing: rewrite the table from finished cells")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="cells to run at once (default 1; on a GPU that one small run leaves idle, more; each cell's "
+                        "output then goes to OUT/ARM/seed-S.log, and each gets cores/N torch threads unless "
+                        "OMP_NUM_THREADS is set). Cells sharing a machine slow each other, so the wall-clock "
+                        "columns then measure contention too")
+    p.add_argument("--unfinished", action="store_true",
+                   help="also put cells that did not finish (stopped, failed or still running) in the table, marked "
+                        "as such: their series end at their last logged step (default: finished cells only)")
+    p.add_argument("--reference", metavar="ARM", help="take the table's differences against this arm (default: the "
+                   "grid's reference); only the table changes, no cell")
+    p.add_argument("--results-md", type=new_path("file"),
+                   help="also put the table into this markdown file, between the grid's markers")
+    p.set_defaults(func=command)
+
+
+def command(args) -> int:
+    grid = load_grid(args.grid, args.reference)
+    arms = [a.strip() for a in args.only.split(",")] if args.only else None
+    try:
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+    except ValueError as error:
+        raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
+    code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs, args.unfinished)
+    print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
+    return code

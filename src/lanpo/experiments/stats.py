@@ -1,0 +1,256 @@
+"""The results of a ``lanpo experiment`` grid: per-cell series, statistics over seeds, the table and the plot.
+
+Statistics: per arm the mean over seeds with its 95% confidence interval (Student t, n − 1 degrees of freedom)
+and standard error, and the 95% prediction interval for one more seed's run (what a re-run of one cell is
+expected to land in: the confidence interval is for the mean, and is √(n + 1) times narrower); each arm's
+difference from the reference paired by seed, at equal steps and at equal wall-clock (training seconds,
+evaluation excluded, interpolated; at each eval step, the training time of the reference's fastest seed, so that
+every reference seed has a value there). ``grid`` is a :class:`lanpo.experiments.grid.Grid`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Protocol
+
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+MEAN_AT_K = re.compile(r"^eval/.+/mean@\d+$")  # not the _stderr beside it: the table's error bars are over seeds
+COMPLETE = "cell.json"
+
+
+class Grid(Protocol):
+    """What the results need of :class:`lanpo.experiments.grid.Grid` (defined there: it is a later stage)."""
+    name: str
+    arms: dict[str, dict]
+    seeds: list[int]
+    reference: str
+
+    def run_dir(self, arm: str, seed: int) -> Path: ...
+    def cells(self) -> list[tuple[str, int]]: ...
+
+
+# -- statistics ----------------------------------------------------------------------------------------------
+
+
+def t975(df: int) -> float:
+    if df in T975:
+        return T975[df]
+    known = [d for d in sorted(T975) if d <= df]
+    return T975[known[-1]] if df <= 30 else 1.96
+
+
+def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:
+    """``(mean, 95% CI half-width, standard error)``; no interval from one value."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None, None
+    se = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+    return mean, t975(n - 1) * se, se
+
+
+def prediction_interval(values: list[float]) -> tuple[float, float] | None:
+    """``(low, high)``: where one more draw from the distribution of ``values`` lands with 95% probability
+    (Student t, n − 1 df: mean ± t · s · √(1 + 1/n), the CI's half-width times √(n + 1)); ``None`` from fewer
+    than two values (none from none: an arm with no seed at a step)."""
+    if len(values) < 2:
+        return None
+    mean, half, _ = mean_ci(values)
+    half *= math.sqrt(len(values) + 1)
+    return mean - half, mean + half
+
+
+def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
+    """``y`` at ``x`` on the polyline through ``(xs, ys)`` (sorted xs); ``None`` outside it (by more than 1e-9)."""
+    if not xs or x > xs[-1] + 1e-9 or x < xs[0] - 1e-9:
+        return None
+    x = min(max(x, xs[0]), xs[-1])  # within 1e-9 of an end: the end
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1]
+
+
+# -- results -------------------------------------------------------------------------------------------------
+
+
+# training diagnostics in the arms' table: column -> metric averaged over a cell's training steps
+# (the realized p_t: rows that found no attempt or no relevant entry fall back to the plain prompt)
+TRAINING = {"feedback share (realized p_t)": "lanpo/feedback_share", "summary parse rate": "summaries/parse_rate",
+            "train reward, scratch rows": "reward/scratch/mean", "train reward, feedback rows": "reward/feedback/mean",
+            "truncated": "completions/clipped_ratio"}
+
+
+def cell_results(run: Path) -> dict:
+    """One finished cell: eval series by step, training seconds by step, mean step time, and the means over its
+    training steps of the ``TRAINING`` metrics."""
+    from lanpo.run.runlog import read_metrics, series
+
+    rows = read_metrics(run)
+    evals: dict[str, dict[int, float]] = {}
+    seconds, clock, timed = {0: 0.0}, 0.0, 0
+    for row in rows:
+        if row.get("step_time") is not None:
+            clock += float(row["step_time"])
+            seconds[int(row["step"])] = clock
+            timed += 1
+        for key, value in row.items():
+            if MEAN_AT_K.match(key) and value is not None:
+                evals.setdefault(key, {})[int(row["step"])] = float(value)  # a resumed run's repeat: the last
+    training = {}
+    for column, key in TRAINING.items():
+        _, values = series(rows, key)
+        training[column] = sum(values) / len(values) if values else None
+    return {"evals": evals, "seconds": seconds, "step_time": clock / timed if timed else None, "training": training}
+
+
+def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
+    """``{arm: {seed: cell_results}}`` of the complete cells; with ``unfinished``, also of the cells that logged
+    steps but did not finish (stopped, failed or still running), marked ``"unfinished": True``."""
+    found: dict[str, dict[int, dict]] = {}
+    for arm, seed in grid.cells():
+        run = grid.run_dir(arm, seed)
+        if (run / COMPLETE).is_file():
+            found.setdefault(arm, {})[seed] = cell_results(run)
+        elif unfinished and (run / "metrics.jsonl").is_file():
+            found.setdefault(arm, {})[seed] = {**cell_results(run), "unfinished": True}
+    return found
+
+
+def _fmt(mean: float, half: float | None, se: float | None, signed: bool = False, digits: int = 3) -> str:
+    text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return text + (f" ± {half:.{digits}f} ({se:.{digits}f})" if half is not None else "")
+
+
+def _at_seconds(cell: dict, metric: str, t: float) -> float | None:
+    points = sorted(cell["evals"].get(metric, {}).items())
+    xs = [cell["seconds"].get(step) for step, _ in points]
+    if any(x is None for x in xs):
+        return None
+    return interpolate(xs, [v for _, v in points], t)
+
+
+def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list[str]:
+    """Cells of one table row: each arm's mean ± CI (s.e.) [n], then each arm − reference paired by seed."""
+    out = []
+    for arm in arms:
+        v = list(values.get(arm, {}).values())
+        out.append(f"{_fmt(*mean_ci(v))} [{len(v)}]" if v else "—")
+    for arm in arms:
+        if arm == ref:
+            continue
+        common = sorted(set(values.get(arm, {})) & set(values.get(ref, {})))
+        d = [values[arm][s] - values[ref][s] for s in common]
+        out.append(f"{_fmt(*mean_ci(d), signed=True)} [{len(d)}]" if d else "—")
+    return out
+
+
+def _pi_cell(values: list[float]) -> str:
+    pi = prediction_interval(values)  # mean@k is a share: kept within [0, 1]
+    return f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(values)}]" if pi else "—"
+
+
+def _prediction_section(metric: str, arms: list[str], by_step: dict[int, dict[str, dict[int, float]]]) -> list[str]:
+    """Lines of the table of where one more seed's run should land, for the arms with two seeds or more."""
+    spread = [a for a in arms if any(len(values[a]) >= 2 for values in by_step.values())]
+    if not spread:
+        return []
+    lines = ["", f"### {metric}, by step: where one more seed's run should land (95% prediction interval, "
+             "mean ± t · s · √(1 + 1/n), within [0, 1]; this, not the CI of the mean, is the range for a re-run of "
+             "one cell)", "", "| step | " + " | ".join(spread) + " |", "|---|" + "---|" * len(spread)]
+    for step, values in by_step.items():
+        lines.append(f"| {step} | " + " | ".join(_pi_cell(list(values[a].values())) for a in spread) + " |")
+    return lines
+
+
+def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
+    arms, ref = list(grid.arms), grid.reference
+    late = {a: n for a, cells in results.items() if (n := sum(1 for c in cells.values() if c.get("unfinished")))}
+    head = arms + [f"{a} − {ref}" for a in arms if a != ref]
+    lines = [f"## Experiment `{grid.name}`", "",
+             f"Arms × seeds {grid.seeds}; held-out mean@k logged during training. Each cell: mean over seeds ± 95% CI "
+             "half-width (Student t, n − 1 df) (standard error) [seeds]; differences are paired by seed. A "
+             "difference whose interval contains 0 is inside the noise.", "",
+             *(["Unfinished cells (stopped, failed or still running: no cell.json) are included: their series end "
+                "at their last logged step, and each point counts the seeds that reached it.", ""] if late else []),
+             "Per arm, means over its training steps (then over seeds): s/step, and what its rollouts did.", "",
+             "| arm | overrides | cells | s/step | " + " | ".join(TRAINING) + " |", "|---|---|---|---|" + "---|" * len(TRAINING)]
+    for arm in arms:
+        cells = results.get(arm, {})
+        times = [c["step_time"] for c in cells.values() if c["step_time"] is not None]
+        columns = [_fmt(*mean_ci(times), digits=1) if times else "—"]
+        for column in TRAINING:
+            values = [c["training"][column] for c in cells.values() if c["training"][column] is not None]
+            columns.append(_fmt(*mean_ci(values)) if values else "—")
+        overrides = ", ".join(f"{k}={v}" for k, v in grid.arms[arm].items()) or "(base)"
+        count = f"{len(cells)}/{len(grid.seeds)}" + (f" ({late[arm]} unfinished)" if arm in late else "")
+        lines.append(f"| {arm} | {overrides} | {count} | " + " | ".join(columns) + " |")
+    metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
+    for metric in metrics:
+        steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
+        lines += ["", f"### {metric}, by step", "", "| step | " + " | ".join(head) + " |",
+                  "|---|" + "---|" * len(head)]
+        by_step = {step: {a: {s: c["evals"][metric][step] for s, c in results.get(a, {}).items()
+                              if step in c["evals"].get(metric, {})} for a in arms} for step in steps}
+        for step in steps:
+            lines.append(f"| {step} | " + " | ".join(_row(arms, ref, by_step[step])) + " |")
+        lines += _prediction_section(metric, arms, by_step)
+        ref_cells = results.get(ref, {})
+        marks = [s for s in steps if s > 0 and ref_cells and all(s in c["seconds"] for c in ref_cells.values())]
+        if not marks:
+            continue
+        lines += ["", f"### {metric}, at equal wall-clock (at each eval step, the training time of the reference's "
+                  "fastest seed: every reference seed has a value there)", "",
+                  "| minutes | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        for step in marks:
+            t = min(c["seconds"][step] for c in ref_cells.values())
+            values = {a: {s: v for s, c in results.get(a, {}).items()
+                          if (v := _at_seconds(c, metric, t)) is not None} for a in arms}
+            lines.append(f"| {t / 60:.1f} | " + " | ".join(_row(arms, ref, values)) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, name: str, table: str) -> None:
+    """Put ``table`` between this grid's markers in ``path`` (appended the first time); the rest is kept."""
+    start, end = f"<!-- lanpo-experiment:{name} -->", f"<!-- /lanpo-experiment:{name} -->"
+    text = path.read_text() if path.is_file() else ""
+    block = f"{start}\n{table}{end}"
+    if start in text and end in text:
+        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text else "") + block + "\n"
+    path.write_text(text)
+
+
+def plot_results(grid: Grid, results: dict[str, dict[int, dict]], out: Path) -> Path | None:
+    """Per metric: mean ± 95% CI over seeds by step and by training minutes, one line per arm."""
+    metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
+    if not metrics:
+        return None
+    from lanpo.run.runlog import _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), squeeze=False)
+    for (ax_step, ax_time), metric in zip(axes, metrics):
+        for arm, cells in results.items():
+            steps = sorted({s for c in cells.values() for s in c["evals"].get(metric, {})})
+            stats = [(s, mean_ci([c["evals"][metric][s] for c in cells.values() if s in c["evals"].get(metric, {})]),
+                      [c["seconds"].get(s) for c in cells.values()]) for s in steps]
+            x = [s for s, _, _ in stats]
+            y = [m for _, (m, _, _), _ in stats]
+            half = [h or 0.0 for _, (_, h, _), _ in stats]
+            minutes = [sum(t for t in ts if t is not None) / max(1, sum(t is not None for t in ts)) / 60
+                       for _, _, ts in stats]
+            for ax, xs in ((ax_step, x), (ax_time, minutes)):
+                ax.plot(xs, y, "-o", markersize=3, label=arm)
+                ax.fill_between(xs, [a - b for a, b in zip(y, half)], [a + b for a, b in zip(y, half)], alpha=0.2)
+        ax_step.set(title=f"{metric} by step", xlabel="step")
+        ax_time.set(title=f"{metric} by training time", xlabel="minutes (mean over seeds)")
+        ax_step.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,1 @@
+"""The bodies of `lanpo train`, `lanpo sft` and `lanpo sft-data`."""

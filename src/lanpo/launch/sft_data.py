@@ -1,0 +1,304 @@
+"""The SFT seeding data: examples of LANPO's three skills, made by a teacher (``lanpo sft-data``).
+
+Skills (every prompt is exactly the one training uses, from ``lanpo.prompts`` / ``lanpo.feedback``):
+
+* ``summarize`` — distill a trial into FLOW OF THOUGHT / PRINCIPLES / PITFALLS (kept when it parses and keeps
+  a lesson after answers are scrubbed; stored in the canonical format the parser reads best);
+* ``reflect`` — critique an earlier attempt shown without any grading, then solve anew (kept when the new
+  answer verifies and the reply shows no label talk: rewards, gold or reference answers);
+* ``feedback`` — use principles and pitfalls of *other* problems: analyze which apply, then solve (kept when
+  the answer verifies).
+
+The teacher is any generate function: a local or hub model (``--teacher``; the policy itself included) or an
+OpenAI-compatible endpoint (``--teacher-url``, e.g. a vLLM server). Each kept example is appended to the
+output JSONL as it is made, and every processed (problem, skill) to a ``.progress.jsonl`` beside it, so an
+interrupted build resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import re
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lanpo.data.loaders import Problem
+from lanpo.engine.generation import GenerateFn
+from lanpo.feedback import LABEL_TALK, build_abstraction_prompt, build_reflection_prompt
+from lanpo.pool.retrieval import Retriever
+from lanpo.pool.store import ExperiencePool, PoolEntry
+from lanpo.prompts import Messages, Summary, format_summary, is_prefilled, parse_summary, solve_messages, with_prefill
+from lanpo.summarize import Trial, entry_from_summary, summary_prompt
+from lanpo.verify.rewards import MathVerifier
+
+logger = logging.getLogger(__name__)
+
+SKILLS = ("summarize", "reflect", "feedback")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Teachers
+
+
+class EndpointTeacher:
+    """An OpenAI-compatible ``/chat/completions`` endpoint as a generate function (requests run concurrently).
+
+    Prefilled conversations are sent with vLLM's ``continue_final_message``; failed requests are retried
+    ``retries`` times, then yield an empty reply (counted as dropped by the builder, never a crash).
+    """
+
+    def __init__(self, url: str, model: str, temperature: float = 0.7, max_tokens: int = 512, concurrency: int = 8,
+                 retries: int = 2, timeout: float = 120.0, api_key: str | None = None) -> None:
+        self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions")
+        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
+        self.concurrency, self.retries, self.timeout, self.api_key = concurrency, retries, timeout, api_key
+        self.failures = 0
+
+    def _one(self, messages: Messages) -> str:
+        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
+                "max_tokens": self.max_tokens}
+        if is_prefilled(messages):
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        for attempt in range(self.retries + 1):
+            try:
+                request = urllib.request.Request(self.url, json.dumps(body).encode(), headers)
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    data = json.loads(response.read())
+                text = data["choices"][0]["message"]["content"] or ""
+                return with_prefill(messages, text)
+            except (urllib.error.URLError, TimeoutError, KeyError, IndexError, json.JSONDecodeError, OSError) as e:
+                if attempt == self.retries:
+                    self.failures += 1
+                    logger.warning("Teacher request failed (%s); the example is dropped", e)
+                    return ""
+                time.sleep(0.5 * 2 ** attempt)
+        return ""
+
+    def __call__(self, prompts: list[Messages]) -> list[str]:
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(self._one, prompts))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The builder
+
+
+@dataclass
+class BuildReport:
+    kept: Counter = field(default_factory=Counter)
+    dropped: dict[str, Counter] = field(default_factory=lambda: {s: Counter() for s in SKILLS})
+
+    def drop(self, skill: str, reason: str) -> None:
+        self.dropped[skill][reason] += 1
+
+    def as_dict(self) -> dict:
+        return {"kept": dict(self.kept), "dropped": {s: dict(c) for s, c in self.dropped.items() if c}}
+
+
+def _example(skill: str, problem: Problem, prompt: Messages, reply: str, teacher: str) -> dict:
+    user_turns = [m for m in prompt if not (m is prompt[-1] and is_prefilled(prompt))]
+    return {"prompt": user_turns, "completion": [{"role": "assistant", "content": reply}], "skill": skill,
+            "problem_id": problem.id, "teacher": teacher}
+
+
+def build_sft_data(problems: Sequence[Problem], teacher: GenerateFn, out: str | Path, n: int = 3000,
+                   mix: Sequence[float] = (1 / 3, 1 / 3, 1 / 3), tries: int = 4, batch_size: int = 16,
+                   verifier: MathVerifier | None = None, teacher_name: str = "teacher", seed: int = 0,
+                   progress: bool = True) -> BuildReport:
+    """Build up to ``n`` examples split over the skills by ``mix``; append them to ``out`` (JSONL).
+
+    Resumable: kept examples and processed (problem, skill) pairs found beside ``out`` are not redone.
+    """
+    if len(mix) != len(SKILLS) or any(m < 0 for m in mix) or not sum(mix):
+        raise ValueError(f"mix needs {len(SKILLS)} non-negative shares for {SKILLS}, got {list(mix)}.")
+    if tries < 1 or n < 1:
+        raise ValueError("tries and n must be >= 1.")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    progress_file = out.with_name(out.name + ".progress.jsonl")
+    quota = {s: round(n * m / sum(mix)) for s, m in zip(SKILLS, mix)}
+    report, done = BuildReport(), set()
+    summaries = ExperiencePool()  # the summaries made so far feed the feedback skill
+    if out.exists():
+        for line in out.read_text().splitlines():
+            try:
+                ex = json.loads(line)
+                report.kept[ex["skill"]] += 1
+                if ex["skill"] == "summarize":
+                    _add_summary_entry(summaries, ex)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a torn last line from an interrupted run
+    if progress_file.exists():
+        for line in progress_file.read_text().splitlines():
+            try:
+                row = json.loads(line)
+                done.add((row["problem_id"], row["skill"]))
+                if row.get("status") == "dropped":
+                    report.drop(row["skill"], row["reason"])
+            except (json.JSONDecodeError, KeyError):
+                continue
+    own_verifier = verifier is None
+    verifier = verifier or MathVerifier()
+    retriever = Retriever(summaries, "bm25", gamma=0.0, top_k=2, candidates=8)
+    rng = random.Random(seed)
+    order = list(problems)
+    rng.shuffle(order)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=sum(quota.values()), initial=sum(min(report.kept[s], quota[s]) for s in SKILLS),
+                   desc="sft examples", unit="ex")
+    try:
+        with out.open("a") as sink, progress_file.open("a") as log:
+            def record(problem: Problem, skill: str, example: dict | None, reason: str = "") -> None:
+                if example is not None:
+                    sink.write(json.dumps(example, ensure_ascii=False) + "\n")
+                    report.kept[skill] += 1
+                    if bar is not None:
+                        bar.update(1)
+                else:
+                    report.drop(skill, reason)
+                log.write(json.dumps({"problem_id": problem.id, "skill": skill,
+                                      "status": "kept" if example else "dropped", "reason": reason}) + "\n")
+                sink.flush()
+                log.flush()
+
+            for start in range(0, len(order), batch_size):
+                if all(report.kept[s] >= quota[s] for s in SKILLS):
+                    break
+                batch = order[start:start + batch_size]
+                _build_batch(batch, teacher, verifier, tries, quota, report, done, record, summaries, retriever,
+                             teacher_name)
+    finally:
+        if bar is not None:
+            bar.close()
+        if own_verifier:
+            verifier.close()
+    return report
+
+
+def _add_summary_entry(pool: ExperiencePool, example: dict) -> None:
+    """Put a kept summary back into the builder's pool when resuming (its problem is read off the prompt)."""
+    parsed = parse_summary(example["completion"][0]["content"])
+    match = re.search(r"Problem:\n(.*?)\n\nA solution attempt:", example["prompt"][0]["content"], re.DOTALL)
+    if parsed is not None and match:
+        pool.add([PoolEntry(problem_id=example["problem_id"], problem=match.group(1),
+                            flow_of_thought=parsed.flow_of_thought, principles=parsed.principles,
+                            pitfalls=parsed.pitfalls)])
+
+
+def _first_accepted(prompts: list[Messages], teacher: GenerateFn, tries: int, accept) -> list[tuple[str | None, str]]:
+    """Ask the teacher ``tries`` times per prompt (one batch); the first reply ``accept`` takes wins.
+
+    ``accept(i, reply)`` returns ``""`` to accept, else the reason to reject. Returns (reply, reason) per prompt.
+    """
+    if not prompts:
+        return []
+    replies = teacher([p for p in prompts for _ in range(tries)])
+    results = []
+    for i in range(len(prompts)):
+        reason = "no reply"
+        chosen = None
+        for reply in replies[i * tries:(i + 1) * tries]:
+            if not reply or not reply.strip():
+                reason = "empty reply (teacher failure)"
+                continue
+            reason = accept(i, reply)
+            if not reason:
+                chosen = reply
+                break
+        results.append((chosen, reason))
+    return results
+
+
+def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, summaries, retriever, teacher_name):
+    # 1. attempts: the teacher solves each problem `tries` times; graded attempts feed the other skills
+    replies = teacher([solve_messages(p.problem) for p in batch for _ in range(tries)])
+    scores = verifier.score_texts([p.answer for p in batch for _ in range(tries)], replies)
+    attempts = {p.id: [(r, s == 1.0) for r, s in zip(replies[i * tries:(i + 1) * tries], scores[i * tries:])
+                       if r and r.strip()] for i, p in enumerate(batch)}
+
+    def want(skill: str, problem: Problem) -> bool:
+        return report.kept[skill] < quota[skill] and (problem.id, skill) not in done
+
+    def capped(skill: str, todo: list[Problem]) -> list[Problem]:
+        return todo[:max(0, quota[skill] - report.kept[skill])]  # a batch never overshoots the skill's quota
+
+    # 2. summarize: a right attempt and a wrong one alternate across problems; kept when it parses
+    todo = capped("summarize", [p for p in batch if want("summarize", p) and attempts[p.id]])
+    trials = []
+    for k, p in enumerate(todo):
+        right = [a for a in attempts[p.id] if a[1]]
+        wrong = [a for a in attempts[p.id] if not a[1]]
+        text, ok = (right or wrong)[0] if k % 2 == 0 else (wrong or right)[0]
+        trials.append(Trial(p.id, p.problem, text, ok, gold=p.answer))
+    prompts = [summary_prompt(t) for t in trials]
+    parsed: dict[int, object] = {}
+
+    def accept_summary(i: int, reply: str) -> str:
+        stats = Counter()
+        entry = entry_from_summary(trials[i], reply, stats)
+        if entry is None:
+            return "summary does not parse" if stats["parse_failed"] else "no lesson left after scrubbing answers"
+        parsed[i] = entry
+        return ""
+
+    for i, (reply, reason) in enumerate(_first_accepted(prompts, teacher, tries, accept_summary)):
+        p = todo[i]
+        if reply is None:
+            record(p, "summarize", None, reason)
+            continue
+        entry = parsed[i]
+        canonical = format_summary(Summary(entry.flow_of_thought, entry.principles, entry.pitfalls))
+        summaries.add([entry])
+        record(p, "summarize", _example("summarize", p, prompts[i], canonical, teacher_name))
+    for p in capped("summarize", [p for p in batch if want("summarize", p) and not attempts[p.id]]):
+        record(p, "summarize", None, "teacher wrote no attempt")
+
+    # 3. reflect: on an attempt chosen without regard to its reward (choosing wrong ones would teach "a shown
+    # attempt is usually wrong": the reward leaking through the data), shown ungraded
+    todo = capped("reflect", [p for p in batch if want("reflect", p) and attempts[p.id]])
+    prompts = []
+    for p in todo:
+        choice = int(hashlib.sha1(p.id.encode()).hexdigest(), 16) % len(attempts[p.id])  # fixed per problem
+        prompts.append(build_reflection_prompt(p.problem, [attempts[p.id][choice][0]]).messages)
+    _solve_skill("reflect", todo, prompts, teacher, verifier, tries, record, teacher_name, check_labels=True)
+
+    # 4. feedback: lessons of other problems (the summaries made so far), then solve
+    todo = capped("feedback", [p for p in batch if want("feedback", p)])
+    found = retriever.retrieve_many([(p.id, p.problem) for p in todo]) if todo else []
+    usable, prompts = [], []
+    for p, hits in zip(todo, found):
+        result = build_abstraction_prompt(p.problem, [h.entry for h in hits], problem_id=p.id)
+        if result.messages is None:
+            record(p, "feedback", None, "no lessons of other problems yet")
+            continue
+        usable.append(p)
+        prompts.append(result.messages)
+    _solve_skill("feedback", usable, prompts, teacher, verifier, tries, record, teacher_name, check_labels=False)
+
+
+def _solve_skill(skill, problems, prompts, teacher, verifier, tries, record, teacher_name, check_labels):
+    def accept(i: int, reply: str) -> str:
+        if check_labels and LABEL_TALK.search(reply):
+            return "reply talks about rewards or reference answers"
+        if verifier.score_texts([problems[i].answer], [reply])[0] != 1.0:
+            return "answer did not verify"
+        return ""
+
+    for i, (reply, reason) in enumerate(_first_accepted(prompts, teacher, tries, accept)):
+        p = problems[i]
+        record(p, skill, _example(skill, p, prompts[i], reply, teacher_name) if reply is not None else None, reason)

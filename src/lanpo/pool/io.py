@@ -1,0 +1,116 @@
+"""Moving experience pools between runs and versions: JSONL export and import (``lanpo pool export|import``).
+
+An export is one header line, then one line per entry and per attempt. It is written under a temporary name and
+renamed when complete, and never over the pool it reads. An import adds every usable line and reports the others
+by line number and reason; nothing is half-imported (entries and attempts go in with the pool's transactions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from lanpo.pool.store import SCHEMA_VERSION, Attempt, ExperiencePool, PoolEntry, PoolError, is_sqlite_file
+
+MAX_REPORTED = 20  # bad lines listed by number in an import report; the rest are only counted
+
+
+def export_jsonl(pool: ExperiencePool, path: str | Path) -> int:
+    """Write ``pool`` to ``path`` as JSONL; returns the number of lines."""
+    path = Path(path)
+    if pool.path is not None and path.exists() and path.resolve() == pool.path.resolve():
+        raise PoolError(f"Refusing to export {pool.path} onto itself: name another file for the export.")
+    if path.is_dir():
+        raise PoolError(f"{path} is a directory: name a .jsonl file for the export.")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    lines = 0
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(json.dumps({"type": "header", "schema_version": SCHEMA_VERSION, "format": "lanpo-pool"}) + "\n")
+        lines += 1
+        for entry in pool.iter_entries():
+            data = entry.to_dict()
+            data.pop("id")
+            handle.write(json.dumps({"type": "entry", **data}, ensure_ascii=False) + "\n")
+            lines += 1
+        for row in pool.conn.execute("SELECT problem_id, problem, text, step, created FROM attempts ORDER BY id"):
+            handle.write(json.dumps({"type": "attempt", **dict(zip(
+                ("problem_id", "problem", "text", "step", "created"), row))}, ensure_ascii=False) + "\n")
+            lines += 1
+    os.replace(tmp, path)
+    return lines
+
+
+def _attempt(data: dict) -> Attempt:
+    missing = {"problem_id", "problem", "text"} - set(data)
+    if missing:
+        raise ValueError(f"missing field(s) {sorted(missing)}")
+    step, created = data.get("step", 0), data.get("created", time.time())
+    for name, value in (("step", step), ("created", created)):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"field {name!r} must be a number, got {value!r}")
+    return Attempt(problem_id=str(data["problem_id"]), problem=str(data["problem"]), text=str(data["text"]),
+                   step=int(step), created=float(created))
+
+
+def check_export(path: str | Path) -> Path:
+    """``path`` as an export to import: it exists and is not a pool (two arguments swapped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"No export to import at {path}.")
+    if is_sqlite_file(path):
+        raise PoolError(f"{path} is a pool, not a JSONL export (were the two arguments swapped?).")
+    return path
+
+
+def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
+    """Every entry and attempt of an export, checked: a bad line (not JSON, not UTF-8, a missing or mistyped
+    field, an unknown type, a newer schema) raises :class:`PoolError` naming the lines, so an import is all or
+    nothing."""
+    path = check_export(path)
+    entries: list[PoolEntry] = []
+    attempts: list[Attempt] = []
+    bad: list[str] = []
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+                if not line.strip():
+                    continue
+                data = json.loads(line)
+                if not isinstance(data, dict):
+                    raise ValueError(f"a JSON {type(data).__name__}, not an object")
+                kind = data.pop("type", "entry")
+                if kind == "header":
+                    version = data.get("schema_version", SCHEMA_VERSION)
+                    if isinstance(version, int) and version > SCHEMA_VERSION:
+                        raise PoolError(f"{path} line {number}: exported by a newer pool schema ({version}); "
+                                        "upgrade lanpo to import it. Nothing was imported.")
+                    continue
+                if kind == "attempt":
+                    attempts.append(_attempt(data))
+                elif kind == "entry":
+                    data.pop("id", None)
+                    entries.append(PoolEntry.from_dict(data))
+                else:
+                    raise ValueError(f"unknown type {kind!r}")
+            except UnicodeDecodeError as error:
+                bad.append(f"line {number}: not UTF-8 (byte {error.start})")
+            except (ValueError, TypeError) as error:
+                bad.append(f"line {number}: {error}")
+    if bad:
+        shown = "; ".join(bad[:MAX_REPORTED]) + (f"; and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED
+                                                  else "")
+        raise PoolError(f"{path}: {len(bad)} bad line(s), nothing imported (an import is all or nothing): {shown}")
+    if not entries and not attempts:
+        raise PoolError(f"{path} holds no entry and no attempt: nothing to import.")
+    return entries, attempts
+
+
+def import_jsonl(pool: ExperiencePool, path: str | Path) -> dict:
+    """Add every entry and attempt of an export to ``pool`` in one transaction, or none (see :func:`read_export`).
+    Returns the counts."""
+    entries, attempts = read_export(path)
+    pool.add(entries, attempts=attempts)
+    return {"entries": len(entries), "attempts": len(attempts)}

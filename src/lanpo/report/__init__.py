@@ -1,0 +1,1 @@
+"""`lanpo report` (one self-contained HTML page) and `lanpo compare`."""

@@ -1,0 +1,218 @@
+"""``lanpo report RUN [RUN ...]``: one self-contained HTML file per call (no CDN, no server; opens from disk).
+
+Tabs: training curves (several runs overlaid), a pool browser (entries by problem, text search, which later
+prompts retrieved each entry with what relevance, stored attempts), rollouts (each logged group: feedback prompts
+beside their completions and rewards, next to the group's scratch rollouts; filters by kind and reward),
+evaluation (during training and the run's ``eval-*`` directories) and the resolved config. Large runs stay usable:
+at most :data:`MAX_ENTRIES` pool entries and :data:`MAX_GROUPS` rollout groups per run are embedded (the newest
+entries; groups evenly spread over the steps), texts longer than :data:`MAX_TEXT` characters are cut (marked),
+the page says when it cut, and lists paginate.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+from importlib import resources
+from pathlib import Path
+
+from lanpo.pool.store import POOL_FILENAME, ExperiencePool
+from lanpo.run.runlog import read_jsonl, read_metrics, reward_is_accuracy
+
+logger = logging.getLogger(__name__)
+
+MAX_ENTRIES = 5000
+MAX_GROUPS = 600
+MAX_ATTEMPTS = 5000
+MAX_TEXT = 4000  # characters of one prompt, completion or attempt kept in the page (the rest is marked as cut)
+
+# (title, metric keys): one chart each; a key "a*b" takes every logged metric that starts with a and contains b
+# (expanded in Python by :func:`panels`, so the page draws exactly the series listed).
+PANELS = [
+    ("Reward: feedback vs scratch", ["reward/feedback/mean", "reward/scratch/mean", "reward/reflection/mean",
+                                     "reward/abstraction/mean"]),
+    ("Accuracy: feedback vs scratch", ["accuracy/feedback/mean", "accuracy/scratch/mean", "accuracy/reflection/mean",
+                                       "accuracy/abstraction/mean"]),
+    ("Held-out evaluation (mean@k)", ["eval/*/mean@"]),
+    ("KL to the reference", ["kl"]),
+    ("Entropy", ["entropy"]),
+    ("Completion length (tokens)", ["completions/mean_length"]),
+    ("Truncated completions", ["completions/clipped_ratio"]),
+    ("p_t planned vs realized", ["lanpo/feedback_ratio", "lanpo/feedback_share"]),
+    ("Fallback share (planned feedback, plain prompt)", ["lanpo/fallback_share"]),
+    ("Summary parse rate", ["summaries/parse_rate"]),
+    ("Pool entries", ["lanpo/pool_size"]),
+    ("Retrieval", ["retrieval/hit_rate", "retrieval/relevance_pass_rate"]),
+    ("Strip weight (feedback tokens)", ["lanpo/strip_weight_mean", "lanpo/strip_weight_clipped"]),
+    ("Time per phase (s)", ["time/generate", "time/summarize", "time/retrieve", "time/reward", "time/score",
+                            "time/update", "eval/seconds"]),
+]
+
+
+def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
+    """metric → [[step, value], ...], numeric values only; eval rows keep only the point metrics."""
+    out: dict[str, list[list[float]]] = {}
+    for row in rows:
+        step = row.get("step")
+        if not isinstance(step, int | float):
+            continue
+        for key, value in row.items():
+            if isinstance(value, int | float) and not isinstance(value, bool) and key != "step" and \
+                    not (key.startswith("eval/") and ("stderr" in key or "pass@" in key)):
+                out.setdefault(key, []).append([step, value])
+    return out
+
+
+def _eval_table(rows: list[dict]) -> list[dict]:
+    """Evaluation during training by step: {"step", "cells": {"<benchmark>/<mode>/mean@k": [mean, s.e., pass@k]}}."""
+    table = []
+    for row in rows:
+        cells = {key[5:]: [row[key], row.get(f"{key}_stderr"), row.get(key.replace("/mean@", "/pass@"))]
+                 for key in row if key.startswith("eval/") and "/mean@" in key and not key.endswith("_stderr")}
+        if cells:
+            table.append({"step": row.get("step"), "cells": cells})
+    return table
+
+
+def _cut(text) -> str:
+    text = str(text or "")
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + f" [... {len(text) - MAX_TEXT} more characters]"
+
+
+def _groups(samples: list[dict]) -> tuple[list[dict], int]:
+    """Logged rollouts as groups (step, group) in order, evenly thinned to MAX_GROUPS; and how many there were."""
+    groups: dict[tuple, dict] = {}
+    for i, row in enumerate(samples):
+        key = (row.get("step"), row.get("group", i))
+        group = groups.setdefault(key, {"step": row.get("step"), "problem": row.get("problem", ""),
+                                        "problem_id": row.get("problem_id"), "gold": row.get("gold"), "rows": []})
+        group["rows"].append({**{k: row.get(k) for k in ("kind", "feedback", "fallback", "reward", "correct",
+                                                          "retrieved")},
+                              "prompt": _cut(row.get("prompt")), "completion": _cut(row.get("completion"))})
+    ordered = list(groups.values())
+    if len(ordered) > MAX_GROUPS:
+        stride = len(ordered) / MAX_GROUPS
+        ordered = [ordered[int(i * stride)] for i in range(MAX_GROUPS)]
+    return ordered, len(groups)
+
+
+def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
+    path = run_dir / POOL_FILENAME
+    if not path.is_file():
+        return {"entries": [], "attempts": [], "total_entries": 0, "total_attempts": 0}
+    with ExperiencePool(path, readonly=True) as pool:
+        stats = pool.stats()
+        entries = pool.entries(limit=MAX_ENTRIES, newest=True)
+        attempts = pool.attempts(None, limit=MAX_ATTEMPTS)
+    used: dict[int, list] = {}  # entry id → [step, problem_id, relevance] of the prompts that retrieved it
+    for record in retrievals:
+        for hit in record.get("retrieved") or []:
+            used.setdefault(hit.get("entry_id"), []).append([record.get("step"), record.get("problem_id"),
+                                                             hit.get("relevance")])
+    if not retrievals:  # older runs: only the logged samples say what was retrieved
+        for group in groups:
+            for row in group["rows"]:
+                for hit in row.get("retrieved") or []:
+                    used.setdefault(hit.get("entry_id"), []).append([group["step"], group["problem_id"],
+                                                                     hit.get("relevance")])
+    return {
+        "entries": [{"id": e.id, "problem_id": e.problem_id, "problem": e.problem, "flow": e.flow_of_thought,
+                     "principles": e.principles, "pitfalls": e.pitfalls, "step": e.step, "correct": e.correct,
+                     "reward": e.reward, "retrieved_by": used.get(e.id, [])} for e in entries],
+        "attempts": [{"problem_id": a.problem_id, "text": _cut(a.text), "step": a.step} for a in attempts],
+        "total_entries": stats["entries"], "total_attempts": stats["attempts"],
+    }
+
+
+def _evals(run_dir: Path) -> list[dict]:
+    """Every ``results.json`` under the run (``eval-before``, ``eval-after``, ...) in the order they were written:
+    name, data, modes' metrics."""
+    found = []
+    paths = [*run_dir.glob("*/results.json"), *run_dir.glob("*/*/results.json")]
+    for path in sorted(paths, key=lambda p: (p.stat().st_mtime, str(p))):
+        try:
+            payload = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(payload, dict) and isinstance(payload.get("modes"), dict):
+            found.append({"name": str(path.parent.relative_to(run_dir)), "model": payload.get("model"),
+                          "data": payload.get("data"), "k": (payload.get("settings") or {}).get("k"),
+                          "modes": {m: v.get("metrics", {}) for m, v in payload["modes"].items()}})
+    return found
+
+
+def collect(run_dir: str | Path) -> dict:
+    """Everything the report shows about one run, as plain JSON-able data."""
+    run = Path(run_dir)
+    metrics = read_metrics(run)  # a directory without metrics.jsonl is no run: a clear error
+    groups, total_groups = _groups(read_jsonl(run / "samples.jsonl"))
+    config = next((f.read_text() for f in (run / "config.yaml", run / "config.json") if f.is_file()), "")
+    return {"name": run.name, "path": str(run), "metrics": _metrics(metrics),
+            "reward_is_accuracy": reward_is_accuracy(metrics), "eval_table": _eval_table(metrics),
+            "groups": groups, "total_groups": total_groups,
+            "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")), "evals": _evals(run), "config": config}
+
+
+def _expand(keys: list[str], logged: set[str]) -> list[str]:
+    out = []
+    for key in keys:
+        head, star, tail = key.partition("*")
+        out += sorted(m for m in logged if m.startswith(head) and tail in m[len(head):]) if star else [key]
+    return out
+
+
+def panels(runs: list[dict]) -> list:
+    """PANELS with their patterns expanded over the runs' metrics; reward and accuracy in one chart when every
+    run's reward is its accuracy (0/1 rewards)."""
+    logged = {name for run in runs for name in run["metrics"]}
+    merged = bool(runs) and all(r.get("reward_is_accuracy") for r in runs)
+    out = []
+    for title, keys in PANELS:
+        if merged and title.startswith("Accuracy"):
+            continue
+        if merged and title.startswith("Reward"):
+            title = "Reward = accuracy (0/1 verifier reward): feedback vs scratch"
+        out.append((title, _expand(keys, logged)))
+    return out
+
+
+def render(runs: list[dict], title: str = "lanpo report") -> str:
+    data = json.dumps({"runs": runs, "panels": panels(runs), "limits": {"entries": MAX_ENTRIES, "groups": MAX_GROUPS}},
+                      ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the data block
+    return (_static("report.html").replace("__TITLE__", html.escape(title)).replace("__CSS__", _static("report.css"))
+            .replace("__DATA__", data).replace("__JS__", _static("report.js")))
+
+
+def _static(name: str) -> str:
+    """A file of the page (``lanpo/report/static``: the HTML skeleton, its CSS and its JavaScript), inlined into
+    every report so that it opens from disk with nothing else."""
+    return resources.files("lanpo.report").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> Path:
+    runs = [collect(r) for r in run_dirs]
+    empty = [str(d) for d, r in zip(run_dirs, runs) if not any(r["metrics"].values())]
+    if empty:
+        raise ValueError(f"{', '.join(empty)}: metrics.jsonl holds no step yet, so there is nothing to report "
+                         "(a run logs its first step after its first optimizer step).")
+    out = Path(out) if out else Path(run_dirs[0]) / "report.html"
+    title = "lanpo report: " + ", ".join(r["name"] for r in runs)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(render(runs, title), encoding="utf-8")
+    tmp.replace(out)
+    return out
+
+
+def serve(path: Path, port: int = 8000) -> None:
+    """Serve the report's folder on localhost (Ctrl-C stops)."""
+    import functools
+    import http.server
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(path.parent))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+        print(f"Serving http://127.0.0.1:{server.server_address[1]}/{path.name} (Ctrl-C stops)", flush=True)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            pass

@@ -1,0 +1,310 @@
+"""What a run writes for people to read: ``metrics.jsonl``, ``samples.jsonl``, curves, and the final model.
+
+The trainer gathers the numbers; the functions here turn them into metric names (``lanpo/feedback_share``,
+``reward/feedback/mean``, ...), sample lines and PNG plots. ``lanpo compare`` reads runs back with
+:func:`read_metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+from transformers import TrainerCallback
+
+from lanpo.prompts import solve_messages
+from lanpo.rollout import FEEDBACK_KINDS, Row
+
+
+class MetricsFileCallback(TrainerCallback):
+    """Append every log line to ``metrics.jsonl`` in the run directory (main process)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            with self.path.open("a") as handle:
+                handle.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
+
+
+class RowRecord(NamedTuple):
+    """What step metrics need of one row (small, so every process can gather every row's)."""
+
+    kind: str  # what the plan asked for: scratch | reflection | abstraction
+    has_feedback: bool  # whether it was generated with feedback (a planned one may have fallen back)
+    reward: float
+    correct: bool
+    context_tokens: int  # how many tokens the feedback context added to the prompt
+    fallback: str | None  # why planned feedback fell back to the plain prompt
+
+
+def row_record(row: Row, reward: float, correct: bool) -> RowRecord:
+    extra = len(row.context_ids) - len(row.plain_ids) if row.context_ids is not None else 0
+    return RowRecord(row.kind, row.has_feedback, float(reward), bool(correct), extra, row.fallback)
+
+
+def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dict[str, float]:
+    """Planned vs realized feedback, and reward and accuracy by kind, over every process's rows."""
+    planned = [x for x in records if x.kind in FEEDBACK_KINDS]
+    with_feedback = [x for x in records if x.has_feedback]
+    metrics = {"lanpo/feedback_ratio": feedback_ratio,
+               "lanpo/feedback_share": len(with_feedback) / len(records),
+               "lanpo/fallback_share": sum(not x.has_feedback for x in planned) / len(planned) if planned else 0.0}
+    for reason in sorted({x.fallback for x in planned if not x.has_feedback}):  # why planned feedback fell back
+        metrics[f"lanpo/fallback/{reason or 'unknown'}"] = \
+            sum(x.fallback == reason and not x.has_feedback for x in planned) / len(planned)
+    if with_feedback:
+        metrics["lanpo/feedback_tokens_per_prompt"] = sum(x.context_tokens for x in with_feedback) / len(with_feedback)
+    groups = {"feedback": with_feedback, "scratch": [x for x in records if not x.has_feedback],
+              "reflection": [x for x in with_feedback if x.kind == "reflection"],
+              "abstraction": [x for x in with_feedback if x.kind == "abstraction"]}
+    for name, part in groups.items():
+        if part:
+            metrics[f"reward/{name}/mean"] = sum(x.reward for x in part) / len(part)
+            metrics[f"accuracy/{name}/mean"] = sum(x.correct for x in part) / len(part)
+    return metrics
+
+
+def step_metrics(records: Sequence[RowRecord], feedback_ratio: float, pool_stats: dict, retrieval: dict[str, float],
+                 summaries: dict, counts: dict) -> dict[str, float]:
+    """Every lanpo metric of one step: feedback, pool, retrieval, summary parsing."""
+    metrics = {**feedback_metrics(records, feedback_ratio), "lanpo/pool_size": float(pool_stats["entries"]),
+               "lanpo/pool_problems": float(pool_stats["problems"]), **retrieval,
+               "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0))}
+    if summaries.get("requested"):
+        failed = summaries.get("parse_failed", 0)
+        metrics.update({"summaries/requested": float(summaries["requested"]),
+                        "summaries/parse_failures": float(failed),
+                        "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
+                        "summaries/added": float(summaries.get("parsed", 0))})
+    if "carried" in summaries:
+        metrics["summaries/carried"] = float(summaries["carried"])  # not ended yet: they go on in the next batch
+    return metrics  # strip weights are logged where they are applied, in the loss (lanpo.loss_hooks)
+
+
+def real_prompts(logged: list, contexts: list) -> None:
+    """Put each feedback row's real prompt (its context) into TRL's completions-table prompts, paired from the
+    newest: TRL logs every row with its plain prompt."""
+    for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):
+        logged[k] = context if context is not None else logged[k]
+
+
+def time_metrics(timer: dict) -> dict[str, float]:
+    """Seconds per phase of one step: generate, summarize, retrieve, reward (verification), update (loss forward,
+    backward, optimizer) and ``time/score``, the rest of the rollout (reference and old log-probabilities)."""
+    phases = ("generate", "summarize", "retrieve", "reward")
+    metrics = {f"time/{key}": float(timer.get(key, 0.0)) for key in (*phases, "update")}
+    rest = timer.get("rollout_total", 0.0) - sum(timer.get(k, 0.0) for k in phases)
+    return {**metrics, "time/score": max(0.0, rest)}
+
+
+def write_samples(path: Path, rows: list[Row], rewards: Sequence[float], step: int, limit: int, g: int,
+                  correct: Sequence[bool] | None = None) -> None:
+    """Append whole groups to ``samples.jsonl`` (``limit`` rows, at least one group): each row's real prompt
+    (its feedback context, else the plain prompt), completion, kind, reward, fallback reason and, for abstraction
+    rows, the pool entries retrieved with their relevance."""
+    if limit <= 0:
+        return
+    groups = max(1, limit // g)
+    with path.open("a") as handle:
+        for i in range(min(len(rows), groups * g)):
+            r = rows[i]
+            handle.write(json.dumps({
+                "step": step, "group": i // g, "problem_id": r.problem_id, "problem": r.problem, "kind": r.kind,
+                "feedback": r.has_feedback, "fallback": r.fallback,
+                "prompt": (r.context or solve_messages(r.problem))[-1]["content"], "completion": r.text,
+                "reward": float(rewards[i]), "correct": bool(correct[i]) if correct is not None else None,
+                "gold": r.gold, "retrieved": r.retrieved,
+            }, ensure_ascii=False) + "\n")
+
+
+def write_retrievals(path: Path, rows: list[Row], step: int, g: int) -> None:
+    """Append, per group that retrieved pool entries this step, which entries passed γ with what relevance."""
+    with path.open("a") as handle:
+        for s in range(0, len(rows), g):
+            hits = next((r.retrieved for r in rows[s:s + g] if r.retrieved), None)
+            if hits:
+                handle.write(json.dumps({"step": step, "problem_id": rows[s].problem_id, "retrieved": hits}) + "\n")
+
+
+def save_final_model(trainer, out_dir: str | Path) -> Path:
+    """``out_dir/final``: the trained model and tokenizer, through the trainer's own ``save_model`` (which
+    gathers ZeRO-3 / FSDP shards); a LoRA run also keeps its adapter in ``final-adapter`` and saves the merged
+    model in ``final``, ready to evaluate."""
+    out_dir = Path(out_dir)
+    final = out_dir / "final"
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    if hasattr(model, "merge_and_unload"):
+        trainer.save_model(str(out_dir / "final-adapter"))
+        if trainer.accelerator.is_main_process:
+            model.merge_and_unload().save_pretrained(final)
+            trainer.processing_class.save_pretrained(final)
+    else:
+        trainer.save_model(str(final))
+    return final
+
+
+CARD_FIELDS = ("data", "num_generations", "feedback_ratio", "feedback_schedule", "reflection_share",
+               "reflection_source", "relevance_scorer", "relevance_threshold", "retrieval_top_k",
+               "context_in_loss", "advantage_grouping", "beta", "learning_rate", "max_completion_length",
+               "temperature", "answer_extraction", "seed")
+
+
+def model_card(config: dict, problems: int, steps: int) -> str:
+    """``final/README.md``: what the model is, the method, and the settings that made it."""
+    rows = "\n".join(f"| `{k}` | `{config.get(k)}` |" for k in CARD_FIELDS if k in config)
+    return f"""---
+base_model: {config.get("model_name_or_path")}
+library_name: transformers
+tags: [lanpo, grpo, trl, reinforcement-learning, math]
+---
+
+# {config.get("model_name_or_path")} trained with LANPO
+
+Trained with [lanpo](https://github.com/) for {steps} steps on {problems} problems: **LANPO** (Language-And-Numerical
+Policy Optimization, [arXiv 2510.16552](https://arxiv.org/abs/2510.16552)), GRPO with a KL term whose rollout
+groups are partly generated with language feedback from the policy's own experience pool (reward-agnostic
+reflection on its earlier attempts, and principles and pitfalls of relevant other problems). A share p_t of each
+group had feedback; the rest, like evaluation, started from scratch.
+
+| setting | value |
+|---|---|
+{rows}
+
+The full resolved configuration is the run's `config.yaml`. Evaluate zero-shot with `lanpo eval --model THIS_DIR`.
+"""
+
+
+def push_final_model(final: Path, repo_id: str, private: bool | None = None) -> None:
+    """Upload ``final`` (model, tokenizer, model card) to the hub; a clear error when that is not possible."""
+    from huggingface_hub import HfApi
+
+    try:
+        api = HfApi()
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.upload_folder(folder_path=str(final), repo_id=repo_id, commit_message="lanpo: final model")
+    except Exception as error:  # offline, no token, no rights: the model is safe on disk either way
+        raise RuntimeError(f"Pushing {final} to the hub as {repo_id!r} failed ({type(error).__name__}: {error}). "
+                           f"The model is saved in {final}; push it later with `huggingface-cli upload`.") from error
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The objects of a run's JSONL log (none when it is missing); lines that do not parse are skipped (a run
+    killed mid-write leaves a half line)."""
+    path, rows = Path(path), []
+    if path.is_file():
+        with path.open(encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if isinstance(row, dict):
+                    rows.append(row)
+    return rows
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The per-step log lines of a run (``metrics.jsonl``)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no metrics.jsonl: is it a lanpo run directory?")
+    return [row for row in read_jsonl(path) if "step" in row]
+
+
+def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in points], [float(p[1]) for p in points]
+
+
+def reward_is_accuracy(rows: list[dict]) -> bool:
+    """True when every logged reward/<kind>/mean equals accuracy/<kind>/mean (the reward is the verifier's 0/1):
+    then one plot shows both."""
+    pairs = [(v, r.get("accuracy/" + k[len("reward/"):])) for r in rows for k, v in r.items()
+             if k.startswith("reward/") and k.endswith("/mean")]
+    return all(a is not None and abs(float(v) - float(a)) < 1e-9 for v, a in pairs)
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Reward and accuracy per step (one panel when they are equal), feedback vs scratch rollouts, and pool growth."""
+    plt = _plt()
+    rows = read_metrics(run_dir)
+    out = Path(out or Path(run_dir) / "training_curves.png")
+    same = reward_is_accuracy(rows)
+    metrics = ["reward"] if same else ["reward", "accuracy"]
+    fig, axes = plt.subplots(1, len(metrics) + 1, figsize=(5 * (len(metrics) + 1), 4))
+    for ax, metric in zip(axes, metrics):
+        for kind, style in (("scratch", "-o"), ("feedback", "-s"), ("reflection", ":"), ("abstraction", "--")):
+            x, y = series(rows, f"{metric}/{kind}/mean")
+            if x:
+                ax.plot(x, y, style, label=kind, markersize=3)
+        ax.set_title("reward = accuracy per step (0/1 verifier reward)" if same else f"{metric} per step")
+        ax.set_xlabel("step")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    x, y = series(rows, "lanpo/pool_size")
+    axes[-1].plot(x, y, "-", color="tab:green")
+    axes[-1].set_title("experience pool entries")
+    axes[-1].set_xlabel("step")
+    axes[-1].grid(alpha=0.3)
+    fig.suptitle(Path(run_dir).name)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_compare(runs: dict[str, list[dict]], out: str | Path,
+                 keys=("reward/scratch/mean", "reward/feedback/mean", "lanpo/pool_size")) -> Path:
+    """One panel per metric, one line per run."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
+    axes = axes if len(keys) > 1 else [axes]
+    for ax, key in zip(axes, keys):
+        for name, rows in runs.items():
+            x, y = series(rows, key)
+            if x:
+                ax.plot(x, y, "-o", markersize=3, label=name)
+        ax.set_title(key)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Fail before any work when ``folder`` (created if missing) cannot take files: a write probe, then every
+    folder the probe created is removed again, so a check leaves nothing behind either way."""
+    folder = Path(folder)
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".lanpo-write-check-"):
+            pass
+    except OSError as error:
+        raise OSError(f"{what} {folder} cannot be written ({error.strerror or error}): nothing was run; name a "
+                      "folder you can write to.") from None
+    finally:
+        for created in missing:  # deepest first
+            try:
+                created.rmdir()
+            except OSError:
+                pass

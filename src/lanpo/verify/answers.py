@@ -1,0 +1,397 @@
+"""Final answers in text: where a solution states its answer, what number it is, and whether it hedges.
+
+Used by ``data`` (gold answers of data sets) and ``rewards`` (answers of model outputs), so a gold answer and a
+prediction are read by the same rules. Every function here runs in time linear in its input (no regular
+expression with nested or adjacent unbounded quantifiers), because extraction runs in the trainer's process,
+outside the verifier's time limit.
+
+Extraction modes:
+
+* ``strict`` — the final ``\\boxed{}`` only. What real-model configs use.
+* ``lenient`` — the final ``\\boxed{}``; else "the answer is X" / "#### X"; else the last number, never one
+  that the completion copied from the problem statement. For the embedded default (a 135M model that rarely
+  boxes); it is hackable (a policy can learn to end on a number), so prefer ``strict`` wherever a model boxes.
+
+In both modes a completion that boxes several different values has no answer (a hedge), unless the gold names
+several values and the boxes state exactly as many (:func:`boxes_as_list`: ``\\boxed{2}`` and ``\\boxed{3}`` for
+``2, 3``). :func:`stated_value` reads a chain of equalities (``x = 5 + 5 + 1 = 11`` states 11; ``= 7 = 11`` is a
+hedge), and :func:`names_several_values` rejects a final answer that names more distinct values than the gold
+(``2 \\text{ or } 3``, ``w = g``, ``a \\lor b`` where the gold is one value).
+"""
+
+from __future__ import annotations
+
+import re
+
+from lanpo.verify.numerals import clean, evaluate, numbers_match, to_number, word_number, written_numbers
+
+EXTRACTION_MODES = ("strict", "lenient")
+_ALIASES = {"boxed": "strict"}  # the name of `strict` before 0.2
+
+# -- gold answers ----------------------------------------------------------------------------------------------
+
+_UNIT_NOTE = re.compile(r"^(.*?\S)\s*\(\s*[A-Za-z][A-Za-z .'/-]{0,40}\)$")
+_E_NOTATION = re.compile(r"([+-]?\d+(?:\.\d+)?)[eE]([+-]?\d+)")
+
+
+def strip_unit_note(answer: str) -> str:
+    """``9 (apples)`` → ``9``: a number followed by a unit in parentheses (only when what precedes is a number)."""
+    match = _UNIT_NOTE.match(answer.strip())
+    return match.group(1) if match and to_number(match.group(1)) is not None else answer.strip()
+
+
+def latex_number(answer: str) -> str:
+    """``4.5e33`` → ``4.5\\times10^{33}``: e-notation as math-verify reads it (else ``e`` is Euler's number)."""
+    match = _E_NOTATION.fullmatch(answer.strip())
+    return f"{match.group(1)}\\times10^{{{int(match.group(2))}}}" if match else answer
+
+
+def normalize_gold(answer: str) -> str:
+    """A gold answer as lanpo scores it: unicode digits and minus signs, unit notes, e-notation, no final period."""
+    answer = clean(str(answer)).strip()
+    answer = answer[:-1].rstrip() if answer.endswith(".") and not answer[-2:-1].isdigit() else answer
+    return latex_number(strip_unit_note(answer))
+
+
+# -- where a solution states its answer ------------------------------------------------------------------------
+
+_BOX_OR_BRACE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])[ \t]*|[{}]")
+_BOX_TOKEN = re.compile(r"[^\s${},;]+")
+
+
+def boxed_answers(text: str) -> list[str]:
+    """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` (and ``\\boxed 5``), in order of their end; one pass."""
+    return _boxes(text)[0]
+
+
+def _boxes(text: str) -> tuple[list[str], bool]:
+    """``(contents of closed boxes, whether a box opened after the last closed one is still open)``."""
+    found: list[tuple[int, str]] = []
+    stack: list[tuple[bool, int]] = []
+    expect_box = -1
+    for match in _BOX_OR_BRACE.finditer(text):
+        token, start = match.group(0), match.start()
+        if token[0] == "\\":
+            end = match.end()
+            if end < len(text) and text[end] == "{":
+                expect_box = end
+            else:
+                word = _BOX_TOKEN.match(text, end)
+                if word:
+                    found.append((end, word.group(0).rstrip(".")))
+        elif token == "{":
+            stack.append((start == expect_box, start + 1))
+        elif stack:
+            is_box, opened = stack.pop()
+            if is_box:
+                found.append((start, text[opened:start].strip()))
+    last_end = max((end for end, _ in found), default=-1)
+    unclosed = any(is_box and opened > last_end for is_box, opened in stack)
+    return [content for _, content in sorted(found)], unclosed
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``) in ``text``, braces balanced; ``None`` if absent."""
+    boxes = boxed_answers(text)
+    return boxes[-1] if boxes else None
+
+
+def gsm8k_answer(text: str) -> str | None:
+    """GSM8K rationales end in ``#### 1,234``: keep the number, without thousands separators."""
+    if "####" not in text:
+        return None
+    answer = text.rsplit("####", 1)[1].strip()
+    return answer.replace(",", "").rstrip(".") or None
+
+
+_ANSWER_IS = re.compile(r"(?:final answer|answer)\s{0,8}(?:is|:|=)[ \t]{0,8}", re.IGNORECASE)
+_NUMBER = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d+)?(?:/\d+)?")
+# Math delimiters (\\( \\) \\[ \\]) first, so they are not read as brackets; then brackets; then numbers.
+_NUMBER_OR_BRACKET = re.compile(r"\\[()\[\]]|[(){}\[\]]|" + _NUMBER.pattern)
+_OPERATOR_BEFORE = set("^_/*+-")
+_OPERATOR_AFTER = set("^_/*+-!")
+_OPERAND_COMMAND = re.compile(r"\\(?:sqrt|[dt]?frac|times|cdot|div|pm|mp|log|ln|lg|exp|sin|cos|tan|sec|csc|cot|binom|"
+                              r"sum|prod|b?mod|pmod)\s*$")
+_PRODUCT_AFTER = re.compile(r"\\(?:times|cdot|div)(?![A-Za-z])")
+_WORD = re.compile(r"[A-Za-z]{2,}")
+_CONNECTORS = {"or", "and"}
+_SPACES = re.compile(r"[ \t]+")
+_UNESCAPED_DOLLAR = re.compile(r"(?<!\\)\$")
+
+
+def _stated_answer(text: str) -> str | None:
+    """What follows the last "the answer is" / "answer:" up to the end of its sentence, math tokens only
+    (``2^{10}``, ``5 \\times 10^{3}``, ``2 or 3``; an English word ends it: "7 because ..." → ``7``)."""
+    matches = list(_ANSWER_IS.finditer(text))
+    if not matches:
+        return None
+    rest = text[matches[-1].end():matches[-1].end() + 300].split("\n", 1)[0].strip()
+    if rest.startswith("$"):
+        close = _UNESCAPED_DOLLAR.search(rest, 1)
+        if close:
+            return rest[1:close.start()].strip() or None
+    tokens = []
+    for token in rest.replace("$", " ").replace("**", " ").split():
+        bare = token.strip(".,;:!?()")
+        if _WORD.fullmatch(bare) and bare.lower() not in _CONNECTORS:
+            break
+        sentence_end = token.endswith((".", "!", "?")) and not _NUMBER.fullmatch(token)
+        tokens.append(token.rstrip(".!?") if sentence_end else token)
+        if sentence_end:
+            break
+    return " ".join(tokens).strip().rstrip(".,;:!?").strip() or None
+
+
+def without_copied_text(text: str, problem: str | None) -> str:
+    """``text`` with every sentence of ``problem`` that contains a digit cut out (an echo of the statement)."""
+    if not problem:
+        return text
+    squeezed = _SPACES.sub(" ", text)
+    for clause in re.split(r"(?<=[.?])\s+|\n+", clean(problem)):  # not at "!": 1! + 2! is one clause
+        clause = _SPACES.sub(" ", clause).strip()
+        if len(clause) >= 4 and any(c.isdigit() for c in clause):
+            squeezed = squeezed.replace(clause, " ")
+    return squeezed
+
+
+def extraction_mode(name: str) -> str:
+    """The extraction mode called ``name`` (``boxed`` is the old name of ``strict``); a clear error otherwise."""
+    mode = _ALIASES.get(name, name)
+    if mode not in EXTRACTION_MODES:
+        raise ValueError(f"Unknown extraction mode {name!r}; choose from {', '.join(EXTRACTION_MODES)}.")
+    return mode
+
+
+def find_answer(text: str, mode: str = "lenient", problem: str | None = None) -> tuple[str | None, str]:
+    """``(answer, why_none)``: the final answer of ``text``; when ``None``, why: ``no_answer`` or ``hedged``."""
+    mode = extraction_mode(mode)
+    if not isinstance(text, str):
+        return None, "no_answer"
+    text = clean(text)
+    boxes, unclosed = _boxes(text)
+    boxes = [b for b in boxes if b]
+    if unclosed:  # cut off while writing its answer (\boxed{12 on the way to 123): no answer
+        return None, "no_answer"
+    if boxes:
+        if len({_value_key(b) for b in boxes}) > 1:
+            return None, "hedged"
+        return boxes[-1], ""
+    if mode == "strict":
+        return None, "no_answer"
+    text = without_copied_text(text, problem)
+    if "####" in text:  # GSM8K style: the answer line beats any "the answer is" before it
+        tail = text.rsplit("####", 1)[1].strip().split("\n")[0].strip()
+        if tail:
+            return tail, ""
+    stated = _stated_answer(text)
+    if stated:
+        return stated, ""
+    number = last_standalone_number(text)
+    return (number, "") if number else (None, "no_answer")
+
+
+def last_standalone_number(text: str) -> str | None:
+    """The last number of ``text`` that stands alone: outside every bracket and brace, not glued to a word
+    before it (``x2``), and with no operator or operator command beside it. Never a piece of an expression: not
+    the 9 of ``\\frac{10}{9}``, the 1 of ``(9+1)``, the 10 of ``2^{10}`` or the 5 of ``\\sqrt5``. One pass."""
+    depth, last = 0, None
+    for match in _NUMBER_OR_BRACKET.finditer(text):
+        token = match.group(0)
+        if token[0] == "\\":  # \( \) \[ \]: math delimiters
+            continue
+        if token in "({[":
+            depth += 1
+        elif token in ")}]":
+            depth = max(0, depth - 1)
+        elif depth == 0 and _stands_alone(text, match.start(), match.end()):
+            last = token
+    return last
+
+
+def _stands_alone(text: str, start: int, end: int) -> bool:
+    if start > 0 and (text[start - 1].isalpha() or text[start - 1] == "\\"):
+        return False
+    before = text[max(0, start - 40):start].rstrip()
+    if before and (before[-1] in _OPERATOR_BEFORE or _OPERAND_COMMAND.search(before)):
+        return False
+    if text[start] == "-" and before and (before[-1].isalnum() or before[-1] in ")}]"):
+        return False  # 5-3: a difference, not -3
+    after = text[end:end + 40].lstrip()
+    return not (after and (after[0] in _OPERATOR_AFTER or _PRODUCT_AFTER.match(after)))
+
+
+def extract_answer(text: str, mode: str = "lenient", problem: str | None = None) -> str | None:
+    """The final answer written in ``text`` (see the module docstring for the modes), or ``None``."""
+    return find_answer(text, mode, problem)[0]
+
+
+# -- hedges ----------------------------------------------------------------------------------------------------
+
+_SEPARATORS = re.compile(r"\\text\{\s*(?:or|and)\s*\}|\\(?:lor|vee|quad|qquad)(?![A-Za-z])|\bor\b|\band\b|[,;=]")
+_LABEL = re.compile(r"(?:[A-Za-z]|\\(?:alpha|beta|gamma|delta|theta|phi|varphi|lambda|mu|omega|sigma|rho|tau|psi"
+                    r"|chi|eta|zeta|xi|nu|kappa|epsilon|varepsilon))(?:_\{?\w+\}?)?")
+_CHOICE = re.compile(r"\(?[A-Za-z]\)?")
+
+
+def _value_key(part: str) -> str:
+    number = to_number(part)
+    return f"#{number}" if number is not None else re.sub(r"\s+|\\text\{|\}|\{", "", part).strip("()").lower()
+
+
+def split_values(answer: str, separators: re.Pattern = _SEPARATORS) -> list[str]:
+    """The parts of an answer at top level (outside braces and brackets) separated by ``,`` ``;`` ``=`` "or"
+    "and" ``\\lor`` (or by ``separators``): ``x = 5`` → ``[x, 5]``; ``(1, 2)`` stays whole."""
+    parts, depth, start = [], 0, 0
+    for match in re.finditer(r"[{}()\[\]]|" + separators.pattern, answer):
+        token = match.group(0)
+        if token in "{([":
+            depth += 1
+        elif token in "})]":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            parts.append(answer[start:match.start()])
+            start = match.end()
+    parts.append(answer[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+_EQUALS = re.compile(r"(?<![<>!\\])=")
+_LIST = re.compile(r"\\text\{\s*(?:and)\s*\}|\band\b|[,;]")
+_SUBSCRIPT = re.compile(r"_(?:\{[^{}]*\}|\\?\w)")
+_ARGUMENTS = re.compile(r"(?<=[A-Za-z}])\s*\([^()]*\)")  # f(2), P(A \cap B), \overline{AB}(3)
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+
+
+def is_label(part: str) -> bool:
+    """Whether ``part`` names a quantity rather than states a value: letters, a tuple of letters, a segment or
+    an angle (``AB``, ``\\angle ABC``), a function of its arguments (``f(2)``, ``P(A)``), subscripts and all
+    (``S_{10}``, ``a_1 + a_2``): no number outside subscripts and arguments, and at least one letter."""
+    bare = _COMMAND.sub(" ", _ARGUMENTS.sub(" ", _SUBSCRIPT.sub(" ", part)))
+    return not any(c.isdigit() for c in bare) and any(c.isalpha() for c in bare)
+
+
+def _same_value(a: str, b: str) -> bool:
+    """Whether two steps of a chain state the same value: by lanpo's number policy, by exact arithmetic
+    (``5+5+1`` and ``11``), else written alike."""
+    for first, second in ((a, b), (b, a)):
+        if numbers_match(first, second):
+            return True
+    x, y = evaluate(a), evaluate(b)
+    if x is not None and y is not None:
+        return x == y
+    return _value_key(a) == _value_key(b)
+
+
+def _is_choice(gold: str) -> bool:
+    parts = split_values(gold)
+    bare = re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", parts[0]).strip() if len(parts) == 1 else ""
+    return bool(_CHOICE.fullmatch(bare))
+
+
+def _labels_are_values(gold: str) -> bool:
+    """Where the gold is a letter (a choice) or itself has a label's shape (``n``, ``f(4 - x)``), a label-shaped
+    part of a prediction may be the answer or a second one: it counts as a value."""
+    return _is_choice(gold) or is_label(gold)
+
+
+def stated_value(prediction: str, gold: str) -> str | None:
+    """The value a final answer states, given the gold's shape; ``None`` when it states several (a hedge).
+
+    * A chain ``L = v1 = ... = vn`` states ``vn`` when its leading parts are labels (:func:`is_label`:
+      ``(x, y) = (5, 8)``, ``AB = 5``, ``f(2) = 5``, ``\\angle ABC = 30^\\circ``) and every other step states the
+      same value as ``vn`` (``x = 5 + 5 + 1 = 11``, ``\\frac{1}{2} = 0.5``); a step that disagrees (``7 = 11``)
+      makes the chain a hedge. Where the gold is itself an equation, a letter (a choice) or label-shaped
+      (``f(4 - x)``: then labels are values), the prediction is left whole.
+    * A list that repeats one value (``2, 2``) states that value where the gold is one value.
+    """
+    prediction = prediction.strip()
+    choice = _labels_are_values(gold)
+    parts = split_values(prediction, _EQUALS)
+    if len(parts) > 1 and len(split_values(gold, _EQUALS)) == 1 and not choice:
+        start = 0
+        while start < len(parts) - 1 and is_label(parts[start]):
+            start += 1
+        steps = parts[start:]
+        if any(not _same_value(step, steps[-1]) for step in steps[:-1]):
+            return None
+        prediction = steps[-1]
+    if len(split_values(gold)) == 1 and not choice:
+        items = split_values(prediction, _LIST)
+        if len(items) > 1 and len({_value_key(item) for item in items}) == 1:
+            return items[0]
+    return prediction
+
+
+def boxes_as_list(text: str, gold: str) -> str | None:
+    """Where the gold names several values (``2, 3``) and a completion boxes each of them once (``\\boxed{2}``
+    and ``\\boxed{3}``): the boxes as one list answer. ``None`` when the gold is one value or the number of
+    distinct boxes differs from the number of the gold's values, or a box states more than one value (then
+    several boxes stay a hedge)."""
+    gold_values = {_value_key(p) for p in split_values(normalize_gold(gold)) if not is_label(p)}
+    if len(gold_values) < 2:
+        return None
+    boxes, seen = [], set()
+    for box in boxed_answers(clean(text)):
+        value = stated_value(box, gold) if box else None
+        if value is None or len(split_values(value)) != 1:  # each box states one value
+            return None
+        if _value_key(value) not in seen:
+            seen.add(_value_key(value))
+            boxes.append(value)
+    return ", ".join(boxes) if len(boxes) == len(gold_values) else None
+
+
+def names_several_values(prediction: str, gold: str) -> bool:
+    """Whether ``prediction`` names more distinct values than ``gold`` does (a hedge: ``2 \\text{ or } 3``,
+    ``w = g``, ``x=6 = x=5`` for one value; ``\\pm`` where the gold has none). Repeats count once.
+
+    Labels (``x`` in ``x = 5``) are not values, except where the gold is itself a letter (a choice).
+    """
+    if to_number(prediction) is not None:  # one plain number, "1,234" included
+        return False
+    plus_minus = re.compile(r"\\[mp]m(?![A-Za-z])")
+    if plus_minus.search(prediction) and not plus_minus.search(gold):
+        return True
+    choice = _is_choice(gold)
+
+    def values(parts: list[str]) -> set[str]:
+        return {_value_key(p) for p in parts if choice or not _LABEL.fullmatch(p)}
+
+    gold_values, predicted = values(split_values(gold)), values(split_values(prediction))
+    return len(predicted) > max(1, len(gold_values))
+
+
+# -- whether a text states an answer (for scrubbing lessons of their source problem's answer) ------------------
+
+def mentions_answer(text: str, answer: str) -> bool:
+    """Whether ``text`` states ``answer`` in any equivalent form: ``7`` as ``14/2``, ``7.0``, ``seven``, ``７``,
+    ``\\frac{14}{2}``; ``1000`` as ``1 000`` or ``10^3``; ``0.5`` as ``.5`` or ``one half``; ``-3`` with U+2212.
+    A non-numeric answer is matched as written (spacing, braces and ``\\text`` aside); a one-letter answer (a
+    choice) only as a choice: ``(B)``, ``option B``, ``answer B``."""
+    answer = normalize_gold(answer)
+    if not answer:
+        return False
+    if to_number(answer) is not None:
+        for span in written_numbers(text):
+            negative = span.startswith("-") and span[1:2].isalpha()  # "negative three"
+            word = span[1:] if negative else span
+            word_value = word_number(word) if word[:1].isalpha() else None
+            if word_value is not None and negative:
+                word_value = -word_value
+            if numbers_match(answer, span) or (word_value is not None and word_value == to_number(answer)):
+                return True
+        return False
+    bare = re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", answer).strip("() ")
+    if re.fullmatch(r"[A-Za-z]", bare):
+        return bool(re.search(rf"\(\s*{bare}\s*\)|\b(?:option|choice|answer)\s*(?:is\s*)?:?\s*\(?{bare}\b", text))
+    squash = lambda s: re.sub(r"\\text|\\mathrm|\\left|\\right|[\s{}$]|\\[,!;: ]", "", clean(s))  # noqa: E731
+    key = squash(answer)
+    if not key:
+        return False
+    if key.isalpha():
+        return bool(re.search(rf"\b{re.escape(key)}\b", squash_words(text), re.IGNORECASE))
+    return key in squash(text)
+
+
+def squash_words(text: str) -> str:
+    return re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", clean(text))

@@ -1,0 +1,57 @@
+"""Launched by test_trainer.py under `accelerate launch --num_processes 2`: LANPO runs on two processes.
+
+``multiprocess_run.py MODEL OUT``: one run; each process writes its pool's digest (every rank must hold the same
+pool). ``multiprocess_run.py MODEL OUT GROUPING``: one run with that advantage grouping (scale_rewards=batch,
+so the baseline spans both processes); each process writes, per step, its own rows' advantages and the gathered
+rewards and feedback flags, for the test to compare with one process's computation on the same rollouts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # the tests folder: test_trainer's helpers
+
+from accelerate.utils import gather_object  # noqa: E402
+
+from test_trainer import make_trainer, stub_summaries  # noqa: E402
+
+
+def pool_digest(model_dir: Path, out: Path) -> None:
+    trainer = make_trainer(model_dir, out, "run", max_steps=3, per_device_train_batch_size=4)
+    stub_summaries(trainer)
+    trainer.train()
+    state = trainer.accelerator.state
+    (out / f"rank{state.process_index}.json").write_text(json.dumps({
+        "world_size": state.num_processes, "digest": trainer.pool.digest(), "entries": len(trainer.pool),
+    }))
+
+
+def advantages(model_dir: Path, out: Path, grouping: str) -> None:
+    trainer = make_trainer(model_dir, out, grouping, max_steps=2, per_device_train_batch_size=4,
+                           advantage_grouping=grouping, scale_rewards="batch", feedback_ratio=0.5)
+    stub_summaries(trainer)
+    steps, after = [], trainer._after_rollouts
+
+    def record(output):
+        after(output)
+        flags = [f for part in gather_object([[r.has_feedback for r in trainer._rows]]) for f in part]
+        steps.append({"advantages": output["advantages"].tolist(), "rewards": trainer._rewards_per_func.tolist(),
+                      "flags": flags})
+
+    trainer._after_rollouts = record
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    (out / f"{grouping}-rank{rank}.json").write_text(json.dumps({"weights": trainer.reward_weights.tolist(),
+                                                                 "steps": steps}))
+
+
+if __name__ == "__main__":
+    model, output = Path(sys.argv[1]), Path(sys.argv[2])
+    output.mkdir(parents=True, exist_ok=True)
+    if len(sys.argv) > 3:
+        advantages(model, output, sys.argv[3])
+    else:
+        pool_digest(model, output)
