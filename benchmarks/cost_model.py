@@ -38,8 +38,13 @@ def tokens(tok, messages) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--completion", type=int, nargs="+", default=[1000, 3000, 8000],
-                        help="mean completion lengths L to project (tokens)")
+    parser.add_argument(
+        "--completion",
+        type=int,
+        nargs="+",
+        default=[1000, 3000, 8000],
+        help="mean completion lengths L to project (tokens)",
+    )
     parser.add_argument("--summary", type=int, default=400, help="summary reply length (tokens)")
     parser.add_argument("--decode-weight", type=float, default=4.0, help="a decoded token's cost vs a forward token")
     parser.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -56,10 +61,12 @@ def main() -> None:
     for i, p in enumerate(problems):
         base = tokens(tok, solve_messages(p.problem))
         plain.append(base)
-        attempt = clip(long_attempt[i * 500:])
+        attempt = clip(long_attempt[i * 500 :])
         reflection.append(tokens(tok, [{"role": "user", "content": reflection_text(p.problem, [attempt])}]) - base)
-        lessons = [(sentences[(i * 9 + j * 3) % len(sentences):][:3], sentences[(i * 9 + j * 3 + 1) % len(sentences):][:3])
-                   for j in range(3)]
+        lessons = [
+            (sentences[(i * 9 + j * 3) % len(sentences) :][:3], sentences[(i * 9 + j * 3 + 1) % len(sentences) :][:3])
+            for j in range(3)
+        ]
         abstraction.append(tokens(tok, [{"role": "user", "content": abstraction_text(p.problem, lessons)}]) - base)
         summary_in.append(tokens(tok, summary_messages(p.problem, attempt, True)))
         entry = PoolEntry("x", "y", "", *lessons[0])
@@ -67,27 +74,47 @@ def main() -> None:
     P, C_r, C_a = statistics.mean(plain), statistics.mean(reflection), statistics.mean(abstraction)
     S_in, J = statistics.mean(summary_in), statistics.mean(judge)
     g, n_ref, n_abs, candidates = 16, 6, 6, 16  # 4 scratch rows
-    counted = {"plain_prompt": round(P), "reflection_context": round(C_r), "abstraction_context": round(C_a),
-               "summary_prompt": round(S_in), "judge_prompt": round(J)}
+    counted = {
+        "plain_prompt": round(P),
+        "reflection_context": round(C_r),
+        "abstraction_context": round(C_a),
+        "summary_prompt": round(S_in),
+        "judge_prompt": round(J),
+    }
     print("counted tokens (mean over", len(problems), "MATH500 problems):", json.dumps(counted))
     rows = []
     for L in args.completion:
         grpo = {"prefill": g * P, "decode": g * L, "trained": g * (P + L), "forward": 2 * g * (P + L)}
         contexts = n_ref * C_r + n_abs * C_a
-        strip = {"prefill": g * P + contexts + S_in + candidates * J, "decode": g * L + args.summary + candidates,
-                 "trained": g * (P + L), "forward": 2 * g * (P + L)}
+        strip = {
+            "prefill": g * P + contexts + S_in + candidates * J,
+            "decode": g * L + args.summary + candidates,
+            "trained": g * (P + L),
+            "forward": 2 * g * (P + L),
+        }
         keep = {**strip, "trained": g * (P + L) + contexts, "forward": 2 * (g * (P + L) + contexts)}
         embed = {**strip, "prefill": g * P + contexts + S_in, "decode": g * L + args.summary}
 
         def cost(c, w):
             return c["prefill"] + c["forward"] + 3 * c["trained"] + w * c["decode"]
 
-        for name, c in (("GRPO", grpo), ("LANPO strip, LLM judge", strip), ("LANPO strip, embedding scorer", embed),
-                        ("LANPO keep, LLM judge", keep)):
-            rows.append({"L": L, "arm": name, **{k: round(v) for k, v in c.items()},
-                         "ratio_decode_w1": round(cost(c, 1) / cost(grpo, 1), 3),
-                         f"ratio_decode_w{args.decode_weight:g}": round(cost(c, args.decode_weight) /
-                                                                        cost(grpo, args.decode_weight), 3)})
+        for name, c in (
+            ("GRPO", grpo),
+            ("LANPO strip, LLM judge", strip),
+            ("LANPO strip, embedding scorer", embed),
+            ("LANPO keep, LLM judge", keep),
+        ):
+            rows.append(
+                {
+                    "L": L,
+                    "arm": name,
+                    **{k: round(v) for k, v in c.items()},
+                    "ratio_decode_w1": round(cost(c, 1) / cost(grpo, 1), 3),
+                    f"ratio_decode_w{args.decode_weight:g}": round(
+                        cost(c, args.decode_weight) / cost(grpo, args.decode_weight), 3
+                    ),
+                }
+            )
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

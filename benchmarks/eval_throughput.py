@@ -35,8 +35,16 @@ def bare_generate(model, tokenizer, prompts, max_new_tokens, temperature):
     mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in ids])
     stops = stop_token_ids(model, tokenizer)
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=True,
-                             temperature=temperature, top_p=1.0, eos_token_id=stops, pad_token_id=pad)
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=True,
+            temperature=temperature,
+            top_p=1.0,
+            eos_token_id=stops,
+            pad_token_id=pad,
+        )
     new = out[:, width:].tolist()
     return sum(next((k for k, t in enumerate(row) if t in stops), len(row)) for row in new)
 
@@ -56,8 +64,15 @@ def main() -> None:
     for _ in range(args.repeats):
         torch.manual_seed(0)
         start = time.perf_counter()
-        samples = generate(model, tokenizer, prompts, n=1, temperature=args.temperature,
-                           max_new_tokens=args.max_new_tokens, batch_size=args.batch)
+        samples = generate(
+            model,
+            tokenizer,
+            prompts,
+            n=1,
+            temperature=args.temperature,
+            max_new_tokens=args.max_new_tokens,
+            batch_size=args.batch,
+        )
         lanpo_tokens = sum(s[0].num_tokens for s in samples)
         lanpo_rates.append(lanpo_tokens / (time.perf_counter() - start))
         torch.manual_seed(0)

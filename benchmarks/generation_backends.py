@@ -43,8 +43,12 @@ def eval_arm(backend: str) -> dict:
     samples = generate(model, tokenizer, prompts, n=4, temperature=0.7, max_new_tokens=128, batch_size=32)
     tokens = sum(s.num_tokens for row in samples for s in row)
     seconds = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1),
-            "load_s": round(load, 1)}
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(tokens / seconds, 1),
+        "load_s": round(load, 1),
+    }
 
 
 def train_arm(use_vllm: bool, steps: int) -> dict:
@@ -59,13 +63,19 @@ def train_arm(use_vllm: bool, steps: int) -> dict:
         cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "1024"]
     _, model_args, config = parse(cli)
     path = resolve_model_path(model_args.model_name_or_path)
-    trainer = LanpoTrainer(model=path, args=config, train_dataset=to_prompt_dataset(builtin_arith("1", n=16)),
-                           processing_class=load_tokenizer(path))
+    trainer = LanpoTrainer(
+        model=path,
+        args=config,
+        train_dataset=to_prompt_dataset(builtin_arith("1", n=16)),
+        processing_class=load_tokenizer(path),
+    )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
-    return {"step_times": [round(h["step_time"], 1) for h in logs],
-            "median_step_s": round(statistics.median(h["step_time"] for h in logs[1:]), 2),
-            "generate_s": round(statistics.median(h["time/generate"] for h in logs[1:]), 2)}
+    return {
+        "step_times": [round(h["step_time"], 1) for h in logs],
+        "median_step_s": round(statistics.median(h["step_time"] for h in logs[1:]), 2),
+        "generate_s": round(statistics.median(h["time/generate"] for h in logs[1:]), 2),
+    }
 
 
 def main() -> None:
@@ -80,8 +90,12 @@ def main() -> None:
         return
     results = {}
     for arm in ("eval:hf", "eval:vllm", "train:hf", "train:vllm"):
-        done = subprocess.run([sys.executable, __file__, "--arm", arm, "--steps", str(args.steps)],
-                              capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        done = subprocess.run(
+            [sys.executable, __file__, "--arm", arm, "--steps", str(args.steps)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
         if line is None:
             raise SystemExit(f"{arm} failed:\n{done.stderr[-3000:]}")
@@ -90,12 +104,14 @@ def main() -> None:
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "settings": "SmolLM2-135M fp32; eval: 32 prompts x k=4, up to 128 new tokens, T=0.7; train: embedded "
-                    f"default, {args.steps} steps, median of steps 2..{args.steps}",
+        f"default, {args.steps} steps, median of steps 2..{args.steps}",
         "arms": results,
-        "eval_vllm_over_hf_tokens_per_s": round(results["eval:vllm"]["tokens_per_s"]
-                                                / results["eval:hf"]["tokens_per_s"], 2),
-        "train_step_vllm_over_hf": round(results["train:vllm"]["median_step_s"] / results["train:hf"]["median_step_s"],
-                                         2),
+        "eval_vllm_over_hf_tokens_per_s": round(
+            results["eval:vllm"]["tokens_per_s"] / results["eval:hf"]["tokens_per_s"], 2
+        ),
+        "train_step_vllm_over_hf": round(
+            results["train:vllm"]["median_step_s"] / results["train:hf"]["median_step_s"], 2
+        ),
     }
     print(json.dumps(report, indent=2))
 

@@ -43,19 +43,36 @@ class PeriodicEval(TrainerCallback):
     def run(self, step: int) -> None:
         trainer = self.trainer
         model = trainer.accelerator.unwrap_model(trainer.model)
-        retriever = Retriever(trainer.pool, trainer.retriever.scorer, gamma=trainer.args.relevance_threshold,
-                              top_k=trainer.args.retrieval_top_k, candidates=trainer.args.retrieval_candidates)
+        retriever = Retriever(
+            trainer.pool,
+            trainer.retriever.scorer,
+            gamma=trainer.args.relevance_threshold,
+            top_k=trainer.args.retrieval_top_k,
+            candidates=trainer.args.retrieval_candidates,
+        )
         start = time.perf_counter()
         with torch.random.fork_rng(), MathVerifier(extraction=self.settings.extraction) as verifier:
             torch.manual_seed(self.settings.seed)
-            results = [run_zero_shot(model, trainer.processing_class, self.problems, self.settings, verifier),
-                       run_retrieval(model, trainer.processing_class, self.problems, self.settings, verifier,
-                                     retriever=retriever)]
+            results = [
+                run_zero_shot(model, trainer.processing_class, self.problems, self.settings, verifier),
+                run_retrieval(
+                    model, trainer.processing_class, self.problems, self.settings, verifier, retriever=retriever
+                ),
+            ]
         with self.out.open("a") as handle:
             for r in results:
-                handle.write(json.dumps({"step": step, "mode": r.mode, "metrics": r.metrics,
-                                         "pool_entries": len(trainer.pool),
-                                         "seconds": round(time.perf_counter() - start, 1)}) + "\n")
+                handle.write(
+                    json.dumps(
+                        {
+                            "step": step,
+                            "mode": r.mode,
+                            "metrics": r.metrics,
+                            "pool_entries": len(trainer.pool),
+                            "seconds": round(time.perf_counter() - start, 1),
+                        }
+                    )
+                    + "\n"
+                )
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step == 0:
@@ -68,14 +85,31 @@ class PeriodicEval(TrainerCallback):
 
 def train_arm(name: str, feedback_ratio: float, args, train_problems, eval_problems, out: Path) -> list[dict]:
     run_dir = out / name
-    cli = ["--output_dir", str(run_dir), "--max_steps", str(args.steps), "--save_strategy", "no",
-           "--feedback_ratio", str(feedback_ratio), "--seed", str(args.seed), "--disable_tqdm", "true"]
+    cli = [
+        "--output_dir",
+        str(run_dir),
+        "--max_steps",
+        str(args.steps),
+        "--save_strategy",
+        "no",
+        "--feedback_ratio",
+        str(feedback_ratio),
+        "--seed",
+        str(args.seed),
+        "--disable_tqdm",
+        "true",
+    ]
     _, model_args, config = parse(cli)
     model_path = resolve_model_path(model_args.model_name_or_path)
-    trainer = LanpoTrainer(model=model_path, args=config, train_dataset=to_prompt_dataset(train_problems),
-                           processing_class=load_tokenizer(model_path))
-    settings = EvalSettings(k=args.k, temperature=0.7, max_new_tokens=config.max_completion_length,
-                            batch_size=32, seed=args.seed)
+    trainer = LanpoTrainer(
+        model=model_path,
+        args=config,
+        train_dataset=to_prompt_dataset(train_problems),
+        processing_class=load_tokenizer(model_path),
+    )
+    settings = EvalSettings(
+        k=args.k, temperature=0.7, max_new_tokens=config.max_completion_length, batch_size=32, seed=args.seed
+    )
     evals = run_dir / "evals.jsonl"
     evals.unlink(missing_ok=True)
     trainer.add_callback(PeriodicEval(trainer, eval_problems, settings, args.eval_every, evals))
@@ -103,10 +137,12 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_problems = load_problems(args.data, split=training_split(args.data), data_dir=args.data_dir,
-                                   limit=args.data_limit)
-    eval_problems = load_problems(args.eval_data, split=args.eval_split, data_dir=args.data_dir,
-                                  limit=args.eval_problems)
+    train_problems = load_problems(
+        args.data, split=training_split(args.data), data_dir=args.data_dir, limit=args.data_limit
+    )
+    eval_problems = load_problems(
+        args.eval_data, split=args.eval_split, data_dir=args.data_dir, limit=args.eval_problems
+    )
     results = {}
     for arm in args.arms.split(","):
         results[arm] = train_arm(arm, {"grpo": 0.0, "lanpo": 0.75}[arm], args, train_problems, eval_problems, out)
@@ -123,9 +159,13 @@ def write_report(results: dict[str, list[dict]], args, out: Path) -> None:
     steps = sorted({r["step"] for rows in results.values() for r in rows})
     table = {(arm, r["step"], r["mode"]): r["metrics"] for arm, rows in results.items() for r in rows}
     header = "| step | " + " | ".join(f"{arm} {mode}" for arm in results for mode in ("zero-shot", "retrieval")) + " |"
-    lines = [f"Held-out {args.eval_data} ({args.eval_problems} problems), mean@{k} ± standard error "
-             f"(retrieval: share of problems that got context).", "", header,
-             "|---" * (1 + 2 * len(results)) + "|"]
+    lines = [
+        f"Held-out {args.eval_data} ({args.eval_problems} problems), mean@{k} ± standard error "
+        f"(retrieval: share of problems that got context).",
+        "",
+        header,
+        "|---" * (1 + 2 * len(results)) + "|",
+    ]
     for step in steps:
         cells = []
         for arm in results:
@@ -139,9 +179,11 @@ def write_report(results: dict[str, list[dict]], args, out: Path) -> None:
                     cell += f" ({m['context_rate']:.0%})"
                 cells.append(cell)
         lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    settings = (f"Settings: embedded default (SmolLM2-135M-Instruct, {args.data}, G=8, one problem per step, 96 new "
-                f"tokens, T=0.7, lr 1e-5, beta 0.04), {args.steps} steps, seed {args.seed}; eval k={k}, T=0.7. "
-                f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}.")
+    settings = (
+        f"Settings: embedded default (SmolLM2-135M-Instruct, {args.data}, G=8, one problem per step, 96 new "
+        f"tokens, T=0.7, lr 1e-5, beta 0.04), {args.steps} steps, seed {args.seed}; eval k={k}, T=0.7. "
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}."
+    )
     report = "\n".join(lines + ["", settings, ""])
     (out / "results.md").write_text(report)
     fig, ax = plt.subplots(figsize=(7, 4))

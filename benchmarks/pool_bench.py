@@ -37,11 +37,20 @@ def synthetic_entries(start: int, count: int, rng: random.Random, vocab: list[st
     out = []
     for i in range(start, start + count):
         words = rng.choices(vocab, cum_weights=cum, k=14)
-        problem = (f"{rng.choice(names)} has {rng.randint(2, 99)} {rng.choice(items)} and {' '.join(words[:6])}. "
-                   f"How many {rng.choice(items)} {' '.join(words[6:9])}?")
-        out.append(PoolEntry(problem_id=f"p{i // 4}", problem=problem, flow_of_thought="set up then compute",
-                             principles=[" ".join(words[9:14]), " ".join(rng.choices(vocab, cum_weights=cum, k=6))],
-                             pitfalls=[" ".join(rng.choices(vocab, cum_weights=cum, k=6))], step=i // 1000))
+        problem = (
+            f"{rng.choice(names)} has {rng.randint(2, 99)} {rng.choice(items)} and {' '.join(words[:6])}. "
+            f"How many {rng.choice(items)} {' '.join(words[6:9])}?"
+        )
+        out.append(
+            PoolEntry(
+                problem_id=f"p{i // 4}",
+                problem=problem,
+                flow_of_thought="set up then compute",
+                principles=[" ".join(words[9:14]), " ".join(rng.choices(vocab, cum_weights=cum, k=6))],
+                pitfalls=[" ".join(rng.choices(vocab, cum_weights=cum, k=6))],
+                step=i // 1000,
+            )
+        )
     return out
 
 
@@ -58,7 +67,7 @@ def run_size(n: int, queries: int) -> dict:
         probe = synthetic_entries(0, min(n, 20_000), rng, vocab, weights)
         start = time.perf_counter()
         for s in range(0, len(probe), batch):
-            store_only.add(probe[s:s + batch])
+            store_only.add(probe[s : s + batch])
         store_rate = len(probe) / (time.perf_counter() - start)
         store_only.close()
         del probe
@@ -112,8 +121,12 @@ def main() -> None:
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}")
     print("goals: insert >= 5,000 entries/s; top-8 p99 <= 10 ms at 100K, <= 50 ms at 1M; peak memory <= 2 GB at 1M")
     for n in [int(x) for x in args.sizes.split(",")]:
-        out = subprocess.run([sys.executable, __file__, "--one", str(n), "--queries", str(args.queries)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--one", str(n), "--queries", str(args.queries)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         print(json.dumps({"size": n, **json.loads(out.stdout.strip().splitlines()[-1])}))
 
 

@@ -33,30 +33,76 @@ def build(run: Path, entries: int, problems: int, attempts: int, samples: int, s
     run.mkdir(parents=True)
     with ExperiencePool(run / "pool.sqlite", cap_per_problem=entries, attempts_per_problem=attempts) as pool:
         for start in range(0, entries, 100):
-            pool.add([PoolEntry(f"p{i % problems}", "Problem " + text(30), text(120), [text(15) for _ in range(3)],
-                                [text(15) for _ in range(2)], step=i * steps // entries, correct=rng.random() < .5,
-                                reward=1.0) for i in range(start, min(start + 100, entries))])
-        pool.add_attempts([Attempt(f"p{i % problems}", "Problem", text(200), step=i * steps // attempts)
-                           for i in range(attempts)])
+            pool.add(
+                [
+                    PoolEntry(
+                        f"p{i % problems}",
+                        "Problem " + text(30),
+                        text(120),
+                        [text(15) for _ in range(3)],
+                        [text(15) for _ in range(2)],
+                        step=i * steps // entries,
+                        correct=rng.random() < 0.5,
+                        reward=1.0,
+                    )
+                    for i in range(start, min(start + 100, entries))
+                ]
+            )
+        pool.add_attempts(
+            [Attempt(f"p{i % problems}", "Problem", text(200), step=i * steps // attempts) for i in range(attempts)]
+        )
     with (run / "metrics.jsonl").open("w") as f:
         for s in range(1, steps + 1):
-            f.write(json.dumps({"step": s, "loss": rng.random(), "reward/feedback/mean": rng.random(),
-                                "reward/scratch/mean": rng.random(), "accuracy/feedback/mean": rng.random(),
-                                "accuracy/scratch/mean": rng.random(), "kl": rng.random(),
-                                "lanpo/pool_size": s * entries // steps}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": s,
+                        "loss": rng.random(),
+                        "reward/feedback/mean": rng.random(),
+                        "reward/scratch/mean": rng.random(),
+                        "accuracy/feedback/mean": rng.random(),
+                        "accuracy/scratch/mean": rng.random(),
+                        "kl": rng.random(),
+                        "lanpo/pool_size": s * entries // steps,
+                    }
+                )
+                + "\n"
+            )
     with (run / "samples.jsonl").open("w") as f:
         for i in range(samples):
             feedback = i % 8 < 6
-            f.write(json.dumps({"step": i * steps // samples + 1, "group": i // 8, "problem": "Problem " + text(30),
-                                "problem_id": f"p{(i // 8) % problems}", "gold": "4",
-                                "kind": "reflection" if feedback else "scratch", "feedback": feedback,
-                                "fallback": None, "reward": float(rng.random() < .3), "correct": rng.random() < .3,
-                                "prompt": text(300), "completion": text(250), "retrieved": []}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": i * steps // samples + 1,
+                        "group": i // 8,
+                        "problem": "Problem " + text(30),
+                        "problem_id": f"p{(i // 8) % problems}",
+                        "gold": "4",
+                        "kind": "reflection" if feedback else "scratch",
+                        "feedback": feedback,
+                        "fallback": None,
+                        "reward": float(rng.random() < 0.3),
+                        "correct": rng.random() < 0.3,
+                        "prompt": text(300),
+                        "completion": text(250),
+                        "retrieved": [],
+                    }
+                )
+                + "\n"
+            )
     with (run / "retrievals.jsonl").open("w") as f:
         for i in range(samples):
-            f.write(json.dumps({"step": i * steps // samples + 1, "problem_id": f"p{i % problems}",
-                                "retrieved": [{"entry_id": rng.randint(1, entries), "relevance": rng.random()}]})
-                    + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": i * steps // samples + 1,
+                        "problem_id": f"p{i % problems}",
+                        "retrieved": [{"entry_id": rng.randint(1, entries), "relevance": rng.random()}],
+                    }
+                )
+                + "\n"
+            )
 
 
 def main() -> None:
@@ -76,8 +122,10 @@ def main() -> None:
     t1 = time.perf_counter()
     page = write_report([run])
     t2 = time.perf_counter()
-    print(f"synthetic run: {args.entries} entries, {args.attempts} attempts, {args.samples} samples, "
-          f"{args.steps} steps (built in {t1 - t0:.1f} s)")
+    print(
+        f"synthetic run: {args.entries} entries, {args.attempts} attempts, {args.samples} samples, "
+        f"{args.steps} steps (built in {t1 - t0:.1f} s)"
+    )
     print(f"report: {page.stat().st_size / 1e6:.1f} MB, written in {t2 - t1:.1f} s")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
     from browser import CHROMIUM, Browser  # the test suite's DevTools-protocol driver

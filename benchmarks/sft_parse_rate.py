@@ -28,8 +28,9 @@ from lanpo.verify.rewards import MathVerifier
 
 def make_trials(model, tokenizer, problems, seed: int, extraction: str) -> list[Trial]:
     torch.manual_seed(seed)
-    samples = generate(model, tokenizer, [solve_messages(p.problem) for p in problems], n=1, temperature=0.7,
-                       max_new_tokens=96)
+    samples = generate(
+        model, tokenizer, [solve_messages(p.problem) for p in problems], n=1, temperature=0.7, max_new_tokens=96
+    )
     with MathVerifier(extraction=extraction) as verifier:
         scores = verifier.score_texts([p.answer for p in problems], [s[0].text for s in samples])
     return [Trial(p.id, p.problem, s[0].text, bool(sc), gold=p.answer) for p, s, sc in zip(problems, samples, scores)]
@@ -41,8 +42,11 @@ def parse_rate(model, tokenizer, trials: list[Trial], samples: int, seed: int) -
     generator = HFGenerator(model, tokenizer, temperature=0.7, max_new_tokens=128, batch_size=48)
     summarize_trials([t for t in trials for _ in range(samples)], generator, stats)
     n = stats["requested"]
-    return {"summaries": n, "parse_rate": round((n - stats["parse_failed"]) / n, 3),
-            "usable_rate": round(stats["parsed"] / n, 3)}
+    return {
+        "summaries": n,
+        "parse_rate": round((n - stats["parse_failed"]) / n, 3),
+        "usable_rate": round(stats["parsed"] / n, 3),
+    }
 
 
 def main() -> None:
@@ -53,16 +57,23 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=48)
     parser.add_argument("--samples", type=int, default=2, help="summaries per trial")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--extraction", choices=["strict", "lenient"],
-                        help="how the trials are graded (default: lenient for the embedded model, as lanpo train)")
+    parser.add_argument(
+        "--extraction",
+        choices=["strict", "lenient"],
+        help="how the trials are graded (default: lenient for the embedded model, as lanpo train)",
+    )
     args = parser.parse_args()
     args.extraction = args.extraction or default_extraction(args.base)
     problems = load_problems(args.data, split="test", limit=args.problems)
     base, tokenizer = load_model(args.base)
     trials = make_trials(base, tokenizer, problems, args.seed, args.extraction)
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "settings": vars(args),
-              "trials": len(trials), "trials_judged_correct": sum(t.correct for t in trials),
-              "before_sft": parse_rate(base, tokenizer, trials, args.samples, args.seed)}
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "settings": vars(args),
+        "trials": len(trials),
+        "trials_judged_correct": sum(t.correct for t in trials),
+        "before_sft": parse_rate(base, tokenizer, trials, args.samples, args.seed),
+    }
     del base
     tuned, tuned_tokenizer = load_model(args.sft)
     report["after_sft"] = parse_rate(tuned, tuned_tokenizer, trials, args.samples, args.seed)

@@ -66,8 +66,9 @@ def warm_pool(model_path: str, dataset, forced: int | None, workdir: str) -> str
 
     out = os.path.join(workdir, "warm-run")
     _, _, config = parse(settings(out, len(dataset), forced))
-    trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset,
-                           processing_class=load_tokenizer(model_path))
+    trainer = LanpoTrainer(
+        model=model_path, args=config, train_dataset=dataset, processing_class=load_tokenizer(model_path)
+    )
     trainer.train()
     path = os.path.join(workdir, "warm-pool.sqlite")
     trainer.pool.backup(path)
@@ -96,48 +97,72 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: in
     start = time.perf_counter()
     if arm == "trl":
         lanpo_only = {f for f in config.__dataclass_fields__ if f not in GRPOConfig.__dataclass_fields__}
-        kwargs = {k: getattr(config, k) for k in config.__dataclass_fields__
-                  if k not in lanpo_only and config.__dataclass_fields__[k].init}
+        kwargs = {
+            k: getattr(config, k)
+            for k in config.__dataclass_fields__
+            if k not in lanpo_only and config.__dataclass_fields__[k].init
+        }
         kwargs["lr_scheduler_type"] = config.lr_scheduler_type.value
         kwargs.update(generation_batch_size=None, steps_per_generation=None)  # re-derived from the batch sizes
         verifier = MathVerifier(extraction=config.answer_extraction)  # as LanpoTrainer builds its own
-        trainer = GRPOTrainer(model=model_path, reward_funcs=[make_accuracy_reward(verifier)],
-                              args=GRPOConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            model=model_path,
+            reward_funcs=[make_accuracy_reward(verifier)],
+            args=GRPOConfig(**kwargs),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+        )
     else:
         pool = None
         if arm in ("lanpo", "lanpo-keep", "lanpo-strip"):
             os.makedirs(out, exist_ok=True)
             shutil.copy(warm, os.path.join(out, "pool.sqlite"))
-            pool = ExperiencePool(os.path.join(out, "pool.sqlite"), cap_per_problem=config.pool_cap,
-                                  attempts_per_problem=config.pool_attempts_cap)  # as the trainer builds it
-        trainer = LanpoTrainer(model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
-                               pool=pool)
+            pool = ExperiencePool(
+                os.path.join(out, "pool.sqlite"),
+                cap_per_problem=config.pool_cap,
+                attempts_per_problem=config.pool_attempts_cap,
+            )  # as the trainer builds it
+        trainer = LanpoTrainer(
+            model=model_path, args=config, train_dataset=dataset, processing_class=tokenizer, pool=pool
+        )
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     step_times = [h["step_time"] for h in logs][1:]
     split = {key: round(statistics.median(h[key] for h in logs[1:]), 2) for key in SPLIT if key in logs[-1]}
-    return {"step_times": [round(x, 1) for x in step_times], "split_median_s": split,
-            "wall_s": round(time.perf_counter() - start, 1),
-            "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
-            "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1),
-            **{key: round(statistics.mean(h.get(key, 0.0) for h in logs[1:]), 3) for key in SHARES}}
+    return {
+        "step_times": [round(x, 1) for x in step_times],
+        "split_median_s": split,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
+        "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1),
+        **{key: round(statistics.mean(h.get(key, 0.0) for h in logs[1:]), 3) for key in SHARES},
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run the arms this many times, in reversed order every other time (order effects)")
-    parser.add_argument("--min-new-tokens", type=int, default=None,
-                        help="force every completion to this many tokens (also max_completion_length)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run the arms this many times, in reversed order every other time (order effects)",
+    )
+    parser.add_argument(
+        "--min-new-tokens",
+        type=int,
+        default=None,
+        help="force every completion to this many tokens (also max_completion_length)",
+    )
     parser.add_argument("--_one", nargs=3, metavar=("ARM", "OUT", "WARM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:  # one arm in a process of its own: the same memory start for every arm, none kept between arms
         arm, out, warm = args._one
         dataset = to_prompt_dataset(builtin_arith("1", n=4, seed=0))
-        result = run_arm(arm, args.steps, resolve_model_path("smollm2-135m"), dataset, out, args.min_new_tokens,
-                         warm or None)
+        result = run_arm(
+            arm, args.steps, resolve_model_path("smollm2-135m"), dataset, out, args.min_new_tokens, warm or None
+        )
         print("RESULT " + json.dumps(result), flush=True)
         return
     from lanpo.config import LanpoConfig
@@ -153,10 +178,13 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="overhead-")
     runs: dict[str, list[dict]] = {}
     try:
-        warm = warm_pool(model_path, dataset, args.min_new_tokens, workdir) \
-            if {"lanpo", "lanpo-keep", "lanpo-strip"} & set(arms) else None
+        warm = (
+            warm_pool(model_path, dataset, args.min_new_tokens, workdir)
+            if {"lanpo", "lanpo-keep", "lanpo-strip"} & set(arms)
+            else None
+        )
         for repeat in range(args.repeats):
-            for arm in (arms if repeat % 2 == 0 else arms[::-1]):
+            for arm in arms if repeat % 2 == 0 else arms[::-1]:
                 out = os.path.join(workdir, f"{arm}-{repeat}")
                 command = [sys.executable, __file__, "--steps", str(args.steps), "--_one", arm, out, warm or ""]
                 if args.min_new_tokens:
@@ -166,25 +194,30 @@ def main() -> None:
                 found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
                 if done.returncode or not found:
                     raise RuntimeError(f"arm {arm} failed (exit {done.returncode}): {done.stderr[-2000:]}")
-                runs.setdefault(arm, []).append(json.loads(found[-1][len("RESULT "):]))
+                runs.setdefault(arm, []).append(json.loads(found[-1][len("RESULT ") :]))
                 print(arm, repeat, json.dumps(runs[arm][-1]), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results = {}
     for arm, parts in runs.items():
         steps = [t for p in parts for t in p["step_times"]]
-        split = {k: round(statistics.median(p["split_median_s"][k] for p in parts), 2)
-                 for k in parts[0]["split_median_s"]}
-        results[arm] = {"median_step_s": round(statistics.median(steps), 2), "step_times": steps,
-                        "split_median_s": split, "runs": len(parts),
-                        "mean_completion_tokens": round(statistics.mean(p["mean_completion_tokens"] for p in parts), 1),
-                        **{key: round(statistics.mean(p[key] for p in parts), 3) for key in SHARES}}
+        split = {
+            k: round(statistics.median(p["split_median_s"][k] for p in parts), 2) for k in parts[0]["split_median_s"]
+        }
+        results[arm] = {
+            "median_step_s": round(statistics.median(steps), 2),
+            "step_times": steps,
+            "split_median_s": split,
+            "runs": len(parts),
+            "mean_completion_tokens": round(statistics.mean(p["mean_completion_tokens"] for p in parts), 1),
+            **{key: round(statistics.mean(p[key] for p in parts), 3) for key in SHARES},
+        }
     tokens = f"{args.min_new_tokens} forced new tokens" if args.min_new_tokens else "96 new tokens"
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "settings": f"embedded default: SmolLM2-135M fp32, G=8, 1 problem/step, {tokens}, beta 0.04; defaults: "
-                    f"context_in_loss {default_mode}, reflection_source auto; {args.steps} steps per run (median of "
-                    f"steps 2..{args.steps} over {args.repeats} run(s) per arm, alternating arm order)",
+        f"context_in_loss {default_mode}, reflection_source auto; {args.steps} steps per run (median of "
+        f"steps 2..{args.steps} over {args.repeats} run(s) per arm, alternating arm order)",
         "arms": results,
     }
     if "grpo" in results:

@@ -77,7 +77,7 @@ def perturb(gold: str) -> str:
         return str(value.numerator) if value.denominator == 1 else f"\\frac{{{value.numerator}}}{{{value.denominator}}}"
     match = re.search(r"\d", gold)
     if match:
-        return gold[:match.start()] + str((int(match.group()) + 1) % 10) + gold[match.end():]
+        return gold[: match.start()] + str((int(match.group()) + 1) % 10) + gold[match.end() :]
     return f"{gold}+1"
 
 
@@ -92,8 +92,9 @@ def grouped(value: int, separator: str) -> str:
 
 def round_three(golds: list[str]) -> dict[str, tuple[list[str], list[str]]]:
     """The classes of issue 36 as (golds, completions) per class, from this set's own gold answers."""
-    classes: dict[str, tuple[list[str], list[str]]] = {k: ([], []) for k in (
-        "labels", "chains", "repeats", "grouped", "list_boxes", "bad_chains", "zero_group")}
+    classes: dict[str, tuple[list[str], list[str]]] = {
+        k: ([], []) for k in ("labels", "chains", "repeats", "grouped", "list_boxes", "bad_chains", "zero_group")
+    }
 
     def add(name: str, gold: str, completion: str) -> None:
         classes[name][0].append(gold)
@@ -140,15 +141,19 @@ def check_set(name: str, data_dir: Path, limit: float) -> dict:
     golds = [p.answer for p in problems]
     out: dict = {"rows": len(problems)}
     slowest = 0.0
-    with MathVerifier(time_limit=limit, extraction="strict") as strict, \
-            MathVerifier(time_limit=limit, extraction="lenient") as lenient:
+    with (
+        MathVerifier(time_limit=limit, extraction="strict") as strict,
+        MathVerifier(time_limit=limit, extraction="lenient") as lenient,
+    ):
+
         def timed(verifier, g, texts, problems_=None):
             nonlocal slowest
             scores = []
             for i in range(0, len(texts), 16):  # the slowest chunk's time bounds the slowest single answer in it
                 start = time.perf_counter()
-                scores += verifier.score_texts(g[i:i + 16], texts[i:i + 16],
-                                               problems_[i:i + 16] if problems_ else None)
+                scores += verifier.score_texts(
+                    g[i : i + 16], texts[i : i + 16], problems_[i : i + 16] if problems_ else None
+                )
                 slowest = max(slowest, time.perf_counter() - start)
             return scores
 
@@ -167,20 +172,29 @@ def check_set(name: str, data_dir: Path, limit: float) -> dict:
         hedges = []
         for g in golds:
             wrong = outside(g)
-            hedges += [f"\\boxed{{{wrong}}} or maybe \\boxed{{{g}}}", f"\\boxed{{{g} \\text{{ or }} {wrong}}}",
-                       f"\\boxed{{{wrong} = {g}}}", f"\\boxed{{{g}, {wrong}}}"]
+            hedges += [
+                f"\\boxed{{{wrong}}} or maybe \\boxed{{{g}}}",
+                f"\\boxed{{{g} \\text{{ or }} {wrong}}}",
+                f"\\boxed{{{wrong} = {g}}}",
+                f"\\boxed{{{g}, {wrong}}}",
+            ]
         out["hedges_credited"] = int(sum(timed(strict, [g for g in golds for _ in range(4)], hedges)))
         out["hedges"] = len(hedges)
-        echo = timed(lenient, golds, [f"Let me restate the problem. {p.problem}" for p in problems],
-                     [p.problem for p in problems])
+        echo = timed(
+            lenient,
+            golds,
+            [f"Let me restate the problem. {p.problem}" for p in problems],
+            [p.problem for p in problems],
+        )
         out["echo_credited"] = int(sum(echo))
         for name, (g, texts) in round_three(golds).items():
             scores = timed(strict, g, texts)
             out[f"r3_{name}"] = rate(scores) if name not in ("bad_chains", "zero_group") else int(sum(scores))
             out[f"r3_{name}_n"] = len(texts)
         numeric = [g for g in golds if (v := to_number(g)) is not None and v.denominator == 1 and abs(v) >= 2]
-        pieces = [f"we get $\\frac{{{int(to_number(g)) + 1}}}{{{g}}}$" for g in numeric] + \
-            [f"we get $(1+{g})$" for g in numeric]
+        pieces = [f"we get $\\frac{{{int(to_number(g)) + 1}}}{{{g}}}$" for g in numeric] + [
+            f"we get $(1+{g})$" for g in numeric
+        ]
         out["r3_pieces_credited"] = int(sum(timed(lenient, numeric * 2, pieces)))
         out["r3_pieces_n"] = len(pieces)
         out["timeouts"] = strict.stats["timeouts"] + lenient.stats["timeouts"]
@@ -210,29 +224,38 @@ def main() -> None:
     parser.add_argument("--sets", default=",".join(SETS))
     args = parser.parse_args()
     data = Path(args.data_dir)
-    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "time_limit_s": args.time_limit,
-              "sets": {}}
+    report = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "time_limit_s": args.time_limit, "sets": {}}
     for name in args.sets.split(","):
         report["sets"][name] = check_set(name, data, args.time_limit)
         print(name, json.dumps(report["sets"][name]), flush=True)
     report["throughput"] = throughput(data)
     pct = lambda x: "–" if x != x else f"{100 * x:.2f}%"  # noqa: E731
-    lines = ["| set | rows | `\\boxed{}` | \"the answer is\" | scientific (n) | own solution | perturbed rejected | "
-             "hedges credited | echoes credited | slowest 16 answers |", "|---" * 10 + "|"]
+    lines = [
+        '| set | rows | `\\boxed{}` | "the answer is" | scientific (n) | own solution | perturbed rejected | '
+        "hedges credited | echoes credited | slowest 16 answers |",
+        "|---" * 10 + "|",
+    ]
     for name, r in report["sets"].items():
-        lines.append(f"| {name} | {r['rows']} | {pct(r['boxed'])} | {pct(r['answer_is'])} | "
-                     f"{pct(r['scientific'])} ({r['scientific_n']}) | {pct(r.get('own_solution', float('nan')))} | "
-                     f"{pct(r['perturbed_rejected'])} | {r['hedges_credited']} / {r['hedges']} | "
-                     f"{r['echo_credited']} | {r['slowest_call_s']} s |")
+        lines.append(
+            f"| {name} | {r['rows']} | {pct(r['boxed'])} | {pct(r['answer_is'])} | "
+            f"{pct(r['scientific'])} ({r['scientific_n']}) | {pct(r.get('own_solution', float('nan')))} | "
+            f"{pct(r['perturbed_rejected'])} | {r['hedges_credited']} / {r['hedges']} | "
+            f"{r['echo_credited']} | {r['slowest_call_s']} s |"
+        )
     print("\n".join(lines))
-    lines = ["| set | labels | chains | repeats | grouped | list boxes | inconsistent chains credited | "
-             "`0,ggg` credited | expression pieces credited (lenient) |", "|---" * 9 + "|"]
+    lines = [
+        "| set | labels | chains | repeats | grouped | list boxes | inconsistent chains credited | "
+        "`0,ggg` credited | expression pieces credited (lenient) |",
+        "|---" * 9 + "|",
+    ]
     for name, r in report["sets"].items():
         cell = lambda k, r=r: f"{pct(r['r3_' + k])} ({r['r3_' + k + '_n']})"  # noqa: E731
-        lines.append(f"| {name} | {cell('labels')} | {cell('chains')} | {cell('repeats')} | {cell('grouped')} | "
-                     f"{cell('list_boxes')} | {r['r3_bad_chains']} / {r['r3_bad_chains_n']} | "
-                     f"{r['r3_zero_group']} / {r['r3_zero_group_n']} | {r['r3_pieces_credited']} / "
-                     f"{r['r3_pieces_n']} |")
+        lines.append(
+            f"| {name} | {cell('labels')} | {cell('chains')} | {cell('repeats')} | {cell('grouped')} | "
+            f"{cell('list_boxes')} | {r['r3_bad_chains']} / {r['r3_bad_chains_n']} | "
+            f"{r['r3_zero_group']} / {r['r3_zero_group_n']} | {r['r3_pieces_credited']} / "
+            f"{r['r3_pieces_n']} |"
+        )
     print("\n".join(lines))
     print(json.dumps(report, indent=2))
 

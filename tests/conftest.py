@@ -38,20 +38,39 @@ def build_tiny_model(path: Path, seed: int = 0, vocab_size: int = 320, hidden: i
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    corpus = ["What is 3 + 4? Please reason step by step, and put your final answer within \\boxed{}.",
-              "The answer is \\boxed{7}. FLOW OF THOUGHT: add. PRINCIPLES: - add the digits PITFALLS: - carry",
-              "Problem: earlier attempt review each step lessons principles pitfalls Yes No"] * 20
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    corpus = [
+        "What is 3 + 4? Please reason step by step, and put your final answer within \\boxed{}.",
+        "The answer is \\boxed{7}. FLOW OF THOUGHT: add. PRINCIPLES: - add the digits PITFALLS: - carry",
+        "Problem: earlier attempt review each step lessons principles pitfalls Yes No",
+    ] * 20
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(corpus, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>",
-                                        bos_token="<|im_start|>", chat_template=CHATML)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token="<|im_start|>",
+        chat_template=CHATML,
+    )
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
-                         num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=heads,
-                         max_position_embeddings=2048,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=2048,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(config)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -82,8 +101,10 @@ def shared_data() -> Path:
 
 @pytest.fixture()
 def problems_file(tmp_path) -> Path:
-    rows = [{"q": f"What is {a} + {b}?", "sol": str(a + b), "key": f"p{i}"}
-            for i, (a, b) in enumerate([(1, 2), (3, 4), (5, 1), (2, 2)])]
+    rows = [
+        {"q": f"What is {a} + {b}?", "sol": str(a + b), "key": f"p{i}"}
+        for i, (a, b) in enumerate([(1, 2), (3, 4), (5, 1), (2, 2)])
+    ]
     path = tmp_path / "problems.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path

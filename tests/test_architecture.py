@@ -13,20 +13,70 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 
 # The layers, lowest first: a top-level module (the method) or a role-named subpackage may import only the layers
 # listed before it (function-level imports included).
-LAYERS = ["objective", "prompts", "verify", "data", "engine", "loss_hooks", "pool", "feedback", "eval", "summarize",
-          "rollout", "config", "run", "report", "trainer", "launch", "experiments", "cli", "demo"]
+LAYERS = [
+    "objective",
+    "prompts",
+    "verify",
+    "data",
+    "engine",
+    "loss_hooks",
+    "pool",
+    "feedback",
+    "eval",
+    "summarize",
+    "rollout",
+    "config",
+    "run",
+    "report",
+    "trainer",
+    "launch",
+    "experiments",
+    "cli",
+    "demo",
+]
 # Every module in data-flow order, so that inside a layer too imports flow one way.
-STAGES = ["verify.numerals", "verify.answers", "prompts", "data.arith", "data.presets", "data.loaders",
-          "engine.models", "pool.store", "pool.io", "pool.bm25", "engine.generation", "verify.rewards",
-          "pool.retrieval", "feedback", "summarize", "rollout", "objective", "run.checkpoints", "engine.vllm_cpu",
-          "config", "run.runlog", "loss_hooks", "eval.evaluate", "eval.during_training", "trainer",
-          "launch.sft_data", "launch.sft", "report.compare", "report.page", "launch.train", "experiments.stats",
-          "experiments.grid", "cli", "demo"]
+STAGES = [
+    "verify.numerals",
+    "verify.answers",
+    "prompts",
+    "data.arith",
+    "data.presets",
+    "data.loaders",
+    "engine.models",
+    "pool.store",
+    "pool.io",
+    "pool.bm25",
+    "engine.generation",
+    "verify.rewards",
+    "pool.retrieval",
+    "feedback",
+    "summarize",
+    "rollout",
+    "objective",
+    "run.checkpoints",
+    "engine.vllm_cpu",
+    "config",
+    "run.runlog",
+    "loss_hooks",
+    "eval.evaluate",
+    "eval.during_training",
+    "trainer",
+    "launch.sft_data",
+    "launch.sft",
+    "report.compare",
+    "report.page",
+    "launch.train",
+    "experiments.stats",
+    "experiments.grid",
+    "cli",
+    "demo",
+]
 
 
 def modules() -> list[str]:
-    return sorted(".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py")
-                  if p.name != "__init__.py")
+    return sorted(
+        ".".join(p.relative_to(PACKAGE).with_suffix("").parts) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"
+    )
 
 
 def lanpo_imports(path: Path) -> set[str]:
@@ -55,8 +105,9 @@ def test_every_module_has_a_stage_and_imports_only_lower_stages_and_layers():
         for target in lanpo_imports(PACKAGE.joinpath(*name.split(".")).with_suffix(".py")):
             assert STAGES.index(target) < STAGES.index(name), f"{name} imports {target}, a later stage"
             if layer(target) != layer(name):
-                assert LAYERS.index(layer(target)) < LAYERS.index(layer(name)), \
+                assert LAYERS.index(layer(target)) < LAYERS.index(layer(name)), (
                     f"{name} imports {target}: the {layer(target)} layer sits above {layer(name)}"
+                )
 
 
 def test_the_method_sits_at_the_top_of_the_package():
@@ -68,8 +119,9 @@ def test_the_method_sits_at_the_top_of_the_package():
 def test_rollout_and_objective_do_not_depend_on_trl():
     for name in ("rollout", "objective"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
-        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | \
-                  {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
         assert not any(m and m.split(".")[0] == "trl" for m in modules), name
 
 
@@ -105,8 +157,12 @@ def test_train_help_shows_lanpo_fields_first_with_choices_and_every_lanpo_field(
     assert text == train_help() + "\n"
     head = "\n".join(text.splitlines()[:60])
     assert head.startswith("usage: lanpo train")
-    for shown in ("--feedback_ratio", "--reflection_source {auto,step,pool}", "--relevance_scorer {bm25,embedding,llm}",
-                  "--context_in_loss {strip,strip-sequence,shaped,unweighted,keep}"):
+    for shown in (
+        "--feedback_ratio",
+        "--reflection_source {auto,step,pool}",
+        "--relevance_scorer {bm25,embedding,llm}",
+        "--context_in_loss {strip,strip-sequence,shaped,unweighted,keep}",
+    ):
         assert shown in head, shown
     lanpo_fields = [f for f in LanpoConfig.__dataclass_fields__ if f not in GRPOConfig.__dataclass_fields__]
     grouped = {name for names in HELP_GROUPS.values() for name in names}

@@ -40,8 +40,10 @@ def test_json_and_parquet_loaders_agree_with_jsonl(tmp_path, problems_file):
 
 def test_bad_rows_are_counted_and_skipped_not_fatal(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_text('{"problem": "1+1?", "answer": "2"}\n{not json\n{"problem": "", "answer": "3"}\n'
-                    '{"problem": "2+2?", "answer": null}\n[1, 2]\n{"problem": "3+3?", "answer": 6}\n')
+    path.write_text(
+        '{"problem": "1+1?", "answer": "2"}\n{not json\n{"problem": "", "answer": "3"}\n'
+        '{"problem": "2+2?", "answer": null}\n[1, 2]\n{"problem": "3+3?", "answer": 6}\n'
+    )
     problems = load_problems(str(path))
     assert [(p.problem, p.answer) for p in problems] == [("1+1?", "2"), ("3+3?", "6")]
 
@@ -125,6 +127,7 @@ def test_prompt_dataset_has_what_trl_and_rewards_need():
 
 # -- the shared data sets, read by path ---------------------------------------------------------------------------
 
+
 def test_gsm8k_preset_reads_local_files(shared_data):
     test = load_problems("gsm8k", data_dir=shared_data)
     train = load_problems("gsm8k", split="train", data_dir=shared_data)
@@ -151,6 +154,7 @@ def test_local_split_that_does_not_exist_is_reported(shared_data):
 
 # -- word-problem sets: templates, case-insensitive fields, unit notes, sources (issue 13) ----------------------
 
+
 def _jsonl(path, rows):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
@@ -158,8 +162,14 @@ def _jsonl(path, rows):
 
 
 def test_a_problem_template_keeps_the_body_and_the_question(tmp_path, caplog):
-    rows = [{"ID": "a1", "Body": "Ann has 5 pears and eats 2 of them slowly.", "Question": "How many are left?",
-             "Answer": "3 (pears)"}]
+    rows = [
+        {
+            "ID": "a1",
+            "Body": "Ann has 5 pears and eats 2 of them slowly.",
+            "Question": "How many are left?",
+            "Answer": "3 (pears)",
+        }
+    ]
     path = _jsonl(tmp_path / "asdiv" / "test.jsonl", rows)
     with caplog.at_level("WARNING"):
         plain = load_problems(str(path))  # without the template only the question survives, and it says so
@@ -191,15 +201,20 @@ def test_unit_notes_are_removed_only_after_a_number(tmp_path):
     assert [p.answer for p in problems] == ["9", "f (x)", "(A)", "12"] and stats.unit_notes_removed == 1
 
 
-@pytest.mark.parametrize("text,specs", [
-    ("math500", ["math500"]),
-    ("math500, aime24,amc23", ["math500", "aime24", "amc23"]),
-    ("builtin:arith?levels=1,2&split=test", ["builtin:arith?levels=1,2&split=test"]),
-    ("builtin:arith?levels=1,2,3,math500", ["builtin:arith?levels=1,2,3", "math500"]),
-    ("gsm8k,builtin:arith?levels=1,2,data/x.jsonl,org/name", ["gsm8k", "builtin:arith?levels=1,2", "data/x.jsonl",
-                                                             "org/name"]),
-    (" , math500,, ", ["math500"]),
-])
+@pytest.mark.parametrize(
+    "text,specs",
+    [
+        ("math500", ["math500"]),
+        ("math500, aime24,amc23", ["math500", "aime24", "amc23"]),
+        ("builtin:arith?levels=1,2&split=test", ["builtin:arith?levels=1,2&split=test"]),
+        ("builtin:arith?levels=1,2,3,math500", ["builtin:arith?levels=1,2,3", "math500"]),
+        (
+            "gsm8k,builtin:arith?levels=1,2,data/x.jsonl,org/name",
+            ["gsm8k", "builtin:arith?levels=1,2", "data/x.jsonl", "org/name"],
+        ),
+        (" , math500,, ", ["math500"]),
+    ],
+)
 def test_comma_separated_specs_keep_commas_inside_a_query(text, specs):
     from lanpo.data.loaders import split_specs
 
@@ -217,11 +232,14 @@ def test_held_out_levels_load_through_eval_benchmarks():
 
 # -- round three (issue 37): inputs that used to pass silently ----------------------------------------------------
 
+
 @pytest.mark.parametrize("answer", [{"value": 5}, [[1, 2]], [{"a": 1}], {"answers": ["5"]}])
 def test_an_answer_that_is_an_object_is_skipped_and_its_row_named(tmp_path, caplog, answer):
     path = tmp_path / "rows.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in [{"problem": "1+1?", "answer": "2"},
-                                                       {"problem": "2+2?", "answer": answer}]) + "\n")
+    path.write_text(
+        "\n".join(json.dumps(r) for r in [{"problem": "1+1?", "answer": "2"}, {"problem": "2+2?", "answer": answer}])
+        + "\n"
+    )
     problems = load_problems(str(path))
     assert [p.answer for p in problems] == ["2"]
     assert "answer is an object" in caplog.text and "row(s) 2" in caplog.text
@@ -231,8 +249,11 @@ def test_a_problem_far_longer_than_any_math_problem_is_skipped_and_named(tmp_pat
     from lanpo.data.loaders import MAX_PROBLEM_CHARS
 
     path = tmp_path / "rows.jsonl"
-    rows = [{"problem": "1+1?", "answer": "2"}, {"problem": "x" * (50 * 2**20), "answer": "3"},
-            {"problem": "y" * MAX_PROBLEM_CHARS, "answer": "4"}]
+    rows = [
+        {"problem": "1+1?", "answer": "2"},
+        {"problem": "x" * (50 * 2**20), "answer": "3"},
+        {"problem": "y" * MAX_PROBLEM_CHARS, "answer": "4"},
+    ]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     problems = load_problems(str(path))
     assert [p.answer for p in problems] == ["2", "4"]  # at the limit: kept

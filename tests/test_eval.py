@@ -12,10 +12,18 @@ from lanpo.engine.generation import Sample
 from lanpo.eval.evaluate import pass_at_k, summarize_scores
 
 
-@pytest.mark.parametrize("n,c,k,expected", [
-    (4, 0, 1, 0.0), (4, 4, 1, 1.0), (4, 1, 1, 0.25), (4, 1, 4, 1.0), (4, 1, 2, 0.5),
-    (5, 2, 2, 1 - (3 * 2) / (5 * 4)), (10, 3, 5, 1 - math.comb(7, 5) / math.comb(10, 5)),
-])
+@pytest.mark.parametrize(
+    "n,c,k,expected",
+    [
+        (4, 0, 1, 0.0),
+        (4, 4, 1, 1.0),
+        (4, 1, 1, 0.25),
+        (4, 1, 4, 1.0),
+        (4, 1, 2, 0.5),
+        (5, 2, 2, 1 - (3 * 2) / (5 * 4)),
+        (10, 3, 5, 1 - math.comb(7, 5) / math.comb(10, 5)),
+    ],
+)
 def test_pass_at_k_unbiased_estimator(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 
@@ -38,9 +46,27 @@ def test_summary_metrics_by_hand():
 
 def test_eval_cli_end_to_end_on_a_tiny_model(tiny_model_dir, problems_file, tmp_path, capsys):
     out = tmp_path / "eval"
-    code = main(["eval", "--model", str(tiny_model_dir), "--data", str(problems_file), "--problem-field", "q",
-                 "--answer-field", "sol", "--k", "2",
-                 "--max-new-tokens", "6", "--batch-size", "3", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(problems_file),
+            "--problem-field",
+            "q",
+            "--answer-field",
+            "sol",
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--batch-size",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     metrics = results["modes"]["zero-shot"]["metrics"]
@@ -60,19 +86,41 @@ def test_eval_cli_reports_bad_data_without_a_traceback(tmp_path, capsys):
 
 # -- LANPO's inference modes ------------------------------------------------------------------------------------
 
+
 def _stub_pool(tmp_path, problems):
     """A run directory with a pool: one entry per problem, plus one entry whose text equals an eval problem."""
     from lanpo.pool.store import ExperiencePool, PoolEntry
 
     run = tmp_path / "pool-run"
     with ExperiencePool(run) as pool:
-        pool.add([PoolEntry(problem_id=f"train-{i}", problem=f"What is {i} + {i + 1}?", flow_of_thought="add",
-                            principles=["add the ones digits first", "write the sum in a box"],
-                            pitfalls=["forgetting to carry"]) for i in range(6)])
-        pool.add([PoolEntry(problem_id="other-id", problem=problems[0]["q"], flow_of_thought="",
-                            principles=["SECRET LESSON OF THE SAME PROBLEM"], pitfalls=[])])
-    (run / "config.json").write_text(json.dumps({"relevance_scorer": "bm25", "relevance_threshold": 0.0,
-                                                 "retrieval_top_k": 2, "retrieval_candidates": 8}))
+        pool.add(
+            [
+                PoolEntry(
+                    problem_id=f"train-{i}",
+                    problem=f"What is {i} + {i + 1}?",
+                    flow_of_thought="add",
+                    principles=["add the ones digits first", "write the sum in a box"],
+                    pitfalls=["forgetting to carry"],
+                )
+                for i in range(6)
+            ]
+        )
+        pool.add(
+            [
+                PoolEntry(
+                    problem_id="other-id",
+                    problem=problems[0]["q"],
+                    flow_of_thought="",
+                    principles=["SECRET LESSON OF THE SAME PROBLEM"],
+                    pitfalls=[],
+                )
+            ]
+        )
+    (run / "config.json").write_text(
+        json.dumps(
+            {"relevance_scorer": "bm25", "relevance_threshold": 0.0, "retrieval_top_k": 2, "retrieval_candidates": 8}
+        )
+    )
     return run
 
 
@@ -80,9 +128,31 @@ def test_all_three_modes_end_to_end_on_a_tiny_model(tiny_model_dir, problems_fil
     rows = [json.loads(x) for x in problems_file.read_text().splitlines()]
     run = _stub_pool(tmp_path, rows)
     out = tmp_path / "modes"
-    code = main(["eval", "--model", str(tiny_model_dir), "--data", str(problems_file), "--problem-field", "q",
-                 "--answer-field", "sol", "--k", "2", "--max-new-tokens", "5", "--modes",
-                 "zero-shot,retrieval,self-correct", "--pool", str(run), "--rounds", "2", "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            str(problems_file),
+            "--problem-field",
+            "q",
+            "--answer-field",
+            "sol",
+            "--k",
+            "2",
+            "--max-new-tokens",
+            "5",
+            "--modes",
+            "zero-shot,retrieval,self-correct",
+            "--pool",
+            str(run),
+            "--rounds",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["modes"]) == {"zero-shot", "retrieval", "self-correct"}
@@ -114,8 +184,28 @@ def test_retrieval_mode_needs_a_pool(capsys):
 
 def test_benchmark_registry_reads_local_files(tiny_model_dir, shared_data, tmp_path):
     out = tmp_path / "bench"
-    assert main(["eval", "--model", str(tiny_model_dir), "--benchmarks", "math500,amc23", "--data-dir",
-                 str(shared_data), "--limit", "2", "--k", "1", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_dir),
+                "--benchmarks",
+                "math500,amc23",
+                "--data-dir",
+                str(shared_data),
+                "--limit",
+                "2",
+                "--k",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     for name in ("math500", "amc23"):
         results = json.loads((out / name / "results.json").read_text())
         assert results["data"] == name and results["modes"]["zero-shot"]["metrics"]["problems"] == 2
@@ -129,17 +219,30 @@ def test_compare_writes_table_and_plot(tmp_path):
         run = tmp_path / name
         run.mkdir()
         (run / "config.json").write_text(json.dumps({"feedback_ratio": share}))
-        lines = [{"step": s, "accuracy/scratch/mean": 0.1 * s, "reward/scratch/mean": 0.1 * s,
-                  "lanpo/pool_size": 2 * s, **({"reward/feedback/mean": 0.2 * s} if share else {})}
-                 for s in range(1, 6)]
+        lines = [
+            {
+                "step": s,
+                "accuracy/scratch/mean": 0.1 * s,
+                "reward/scratch/mean": 0.1 * s,
+                "lanpo/pool_size": 2 * s,
+                **({"reward/feedback/mean": 0.2 * s} if share else {}),
+            }
+            for s in range(1, 6)
+        ]
         (run / "metrics.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{broken\n")
         (run / "eval-after").mkdir()
-        (run / "eval-after" / "results.json").write_text(json.dumps(
-            {"modes": {"zero-shot": {"metrics": {"mean@2": 0.5, "mean@2_stderr": 0.1}}}}))
+        (run / "eval-after" / "results.json").write_text(
+            json.dumps({"modes": {"zero-shot": {"metrics": {"mean@2": 0.5, "mean@2_stderr": 0.1}}}})
+        )
         runs.append(str(run))
     md = compare(runs, tmp_path / "cmp")
     text = md.read_text()
-    assert "| grpo | 5 | 0.0 |" in text and "| lanpo | 5 | 0.75 |" in text and "eval-after/zero-shot" in text and "0.500" in text
+    assert (
+        "| grpo | 5 | 0.0 |" in text
+        and "| lanpo | 5 | 0.75 |" in text
+        and "eval-after/zero-shot" in text
+        and "0.500" in text
+    )
     assert (tmp_path / "cmp" / "compare.png").stat().st_size > 1000
 
 

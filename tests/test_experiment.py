@@ -12,8 +12,8 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanpo.experiments import grid as experiment
 from lanpo.cli import main
+from lanpo.experiments import grid as experiment
 from lanpo.experiments.grid import GridError, load_grid
 from lanpo.experiments.stats import _fmt, interpolate, mean_ci, prediction_interval
 
@@ -21,11 +21,25 @@ from lanpo.experiments.stats import _fmt, interpolate, mean_ci, prediction_inter
 def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
     spec = {
         "name": "tiny",
-        "settings": {"model_name_or_path": str(model_dir), "data": "builtin:arith?n=8", "num_generations": 4,
-                     "per_device_train_batch_size": 4, "max_completion_length": 8, "max_steps": 2,
-                     "logging_steps": 1, "save_steps": 1, "relevance_scorer": "bm25", "relevance_threshold": 0.0,
-                     "disable_tqdm": True, "report_to": "none", "use_cpu": True, "bf16": False,
-                     "eval_every": 1, "eval_benchmarks": "builtin:arith?split=test&n=4", "eval_k": 2},
+        "settings": {
+            "model_name_or_path": str(model_dir),
+            "data": "builtin:arith?n=8",
+            "num_generations": 4,
+            "per_device_train_batch_size": 4,
+            "max_completion_length": 8,
+            "max_steps": 2,
+            "logging_steps": 1,
+            "save_steps": 1,
+            "relevance_scorer": "bm25",
+            "relevance_threshold": 0.0,
+            "disable_tqdm": True,
+            "report_to": "none",
+            "use_cpu": True,
+            "bf16": False,
+            "eval_every": 1,
+            "eval_benchmarks": "builtin:arith?split=test&n=4",
+            "eval_k": 2,
+        },
         "seeds": [0, 1],
         "arms": {"grpo": {"feedback_ratio": 0.0}, "lanpo": {}},
         "out": str(tmp_path / "out"),
@@ -36,8 +50,9 @@ def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
     return path
 
 
-def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_table(tiny_model_dir, tmp_path,
-                                                                                  monkeypatch):
+def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_table(
+    tiny_model_dir, tmp_path, monkeypatch
+):
     grid_file = tiny_grid(tmp_path, tiny_model_dir)
     docs = tmp_path / "results-doc.md"
     docs.write_text("# Results\n\nkept text\n")
@@ -54,8 +69,10 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     rows = [line for line in table.splitlines() if line.startswith("| 2 |")]
     assert rows and rows[0].count("[2]") == 3, rows  # grpo, lanpo and lanpo − grpo, each over 2 seeds
     assert "| grpo | feedback_ratio=0.0 | 2/2 |" in table
-    assert ("| s/step | feedback share (realized p_t) | summary parse rate | train reward, scratch rows | "
-            "train reward, feedback rows |") in table
+    assert (
+        "| s/step | feedback share (realized p_t) | summary parse rate | train reward, scratch rows | "
+        "train reward, feedback rows |"
+    ) in table
     assert (out / "results.png").stat().st_size > 0
     assert "kept text" in docs.read_text() and table in docs.read_text()
 
@@ -97,16 +114,19 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
         experiment.run_grid(load_grid(grid_file))
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"arms": {}}, "arms must map"),
-    ({"arms": {"a": {"seed": 3}}}, "sets seed or output_dir"),
-    ({"seeds": [0, 0]}, "distinct integers"),
-    ({"reference": "nope"}, "reference 'nope'"),
-    ({"base": "missing.yaml"}, "does not exist"),
-    ({"stray": 1}, "unknown keys"),
-    ({"extends": "missing.yaml"}, "extends, .*missing.yaml, does not exist"),
-    ({"extends": "g.yaml"}, "extends it back"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"arms": {}}, "arms must map"),
+        ({"arms": {"a": {"seed": 3}}}, "sets seed or output_dir"),
+        ({"seeds": [0, 0]}, "distinct integers"),
+        ({"reference": "nope"}, "reference 'nope'"),
+        ({"base": "missing.yaml"}, "does not exist"),
+        ({"stray": 1}, "unknown keys"),
+        ({"extends": "missing.yaml"}, "extends, .*missing.yaml, does not exist"),
+        ({"extends": "g.yaml"}, "extends it back"),
+    ],
+)
 def test_bad_grids_fail_before_anything_runs(tmp_path, change, message):
     spec = {"name": "g", "arms": {"a": {}}, "seeds": [0], "out": str(tmp_path / "o"), **change}
     path = tmp_path / "g.yaml"
@@ -119,9 +139,15 @@ def test_a_grid_extends_another_and_keeps_its_own_name_and_runs(tmp_path):
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "base.yaml").write_text(yaml.safe_dump({"max_steps": 3, "temperature": 0.7}))
     (tmp_path / "grids").mkdir()
-    parent = {"name": "cpu", "base": "../configs/base.yaml", "settings": {"max_steps": 30, "eval_k": 4},
-              "seeds": [0, 1, 2], "reference": "grpo", "arms": {"grpo": {"feedback_ratio": 0.0}, "lanpo": {}},
-              "out": str(tmp_path / "runs" / "cpu")}
+    parent = {
+        "name": "cpu",
+        "base": "../configs/base.yaml",
+        "settings": {"max_steps": 30, "eval_k": 4},
+        "seeds": [0, 1, 2],
+        "reference": "grpo",
+        "arms": {"grpo": {"feedback_ratio": 0.0}, "lanpo": {}},
+        "out": str(tmp_path / "runs" / "cpu"),
+    }
     (tmp_path / "grids" / "cpu.yaml").write_text(yaml.safe_dump(parent))
     (tmp_path / "other").mkdir()
     child = {"extends": "../grids/cpu.yaml", "settings": {"use_cpu": False, "eval_k": 8}}
@@ -283,15 +309,34 @@ def test_jobs_below_one_are_refused(tmp_path, capsys):
 def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
     from lanpo.experiments.stats import cell_results
 
-    rows = [{"step": 0, "eval/arith/zero-shot/mean@4": 0.25},
-            {"step": 1, "step_time": 10.0, "reward/scratch/mean": 0.5, "reward/feedback/mean": 0.0,
-             "completions/clipped_ratio": 0.25, "lanpo/feedback_share": 0.75},
-            {"step": 2, "step_time": 20.0, "reward/scratch/mean": 1.0, "completions/clipped_ratio": 0.75,
-             "summaries/parse_rate": 0.5, "lanpo/feedback_share": 0.25}]
+    rows = [
+        {"step": 0, "eval/arith/zero-shot/mean@4": 0.25},
+        {
+            "step": 1,
+            "step_time": 10.0,
+            "reward/scratch/mean": 0.5,
+            "reward/feedback/mean": 0.0,
+            "completions/clipped_ratio": 0.25,
+            "lanpo/feedback_share": 0.75,
+        },
+        {
+            "step": 2,
+            "step_time": 20.0,
+            "reward/scratch/mean": 1.0,
+            "completions/clipped_ratio": 0.75,
+            "summaries/parse_rate": 0.5,
+            "lanpo/feedback_share": 0.25,
+        },
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cell = cell_results(tmp_path)
-    assert cell["training"] == {"feedback share (realized p_t)": 0.5, "summary parse rate": 0.5, "train reward, scratch rows": 0.75,
-                                "train reward, feedback rows": 0.0, "truncated": 0.5}
+    assert cell["training"] == {
+        "feedback share (realized p_t)": 0.5,
+        "summary parse rate": 0.5,
+        "train reward, scratch rows": 0.75,
+        "train reward, feedback rows": 0.0,
+        "truncated": 0.5,
+    }
     assert cell["step_time"] == 15.0 and cell["seconds"] == {0: 0.0, 1: 10.0, 2: 30.0}
     assert cell["evals"] == {"eval/arith/zero-shot/mean@4": {0: 0.25}}
 
@@ -302,15 +347,17 @@ WALL_METRIC = "eval/arith/zero-shot/mean@4"
 def _cell(evals, seconds):
     from lanpo.experiments.stats import TRAINING
 
-    return {"evals": {WALL_METRIC: evals}, "seconds": seconds, "step_time": 1.0,
-            "training": dict.fromkeys(TRAINING)}
+    return {"evals": {WALL_METRIC: evals}, "seconds": seconds, "step_time": 1.0, "training": dict.fromkeys(TRAINING)}
 
 
 def _section_rows(table: str, title: str, first_column: str) -> list[list[str]]:
     """The cells of the data rows of the table under the heading that contains ``title``."""
     lines = table.split(title)[1].split("###")[0].splitlines()
-    return [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")
-            and not line.startswith(f"| {first_column}")]
+    return [
+        [c.strip() for c in line.strip("|").split("|")]
+        for line in lines
+        if line.startswith("| ") and not line.startswith(f"| {first_column}")
+    ]
 
 
 def _wall_clock_rows(table: str) -> list[list[str]]:
@@ -344,8 +391,10 @@ def test_table_gives_where_one_more_seed_should_land(tmp_path):
 
     grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1, 2], out=tmp_path, reference="grpo")
     finals = {0: 0.4, 1: 0.5, 2: 0.6}
-    results = {"grpo": {s: _cell({0: 0.1, 10: v}, {0: 0.0, 10: 60.0}) for s, v in finals.items()},
-               "lanpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 90.0})}}  # one seed: no interval
+    results = {
+        "grpo": {s: _cell({0: 0.1, 10: v}, {0: 0.0, 10: 60.0}) for s, v in finals.items()},
+        "lanpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 90.0})},
+    }  # one seed: no interval
     table = results_table(grid, results)
     title = "where one more seed's run should land"
     section = table.split(title)[1].split("###")[0]
@@ -362,10 +411,13 @@ def test_equal_wall_clock_marks_are_reached_by_every_reference_seed(tmp_path):
     from lanpo.experiments.stats import results_table
 
     grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1], out=tmp_path, reference="grpo")
-    results = {"grpo": {0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),     # the faster seed: 10 min
-                        1: _cell({0: 0.1, 10: 0.5}, {0: 0.0, 10: 900.0})},
-               "lanpo": {0: _cell({0: 0.1, 10: 0.2}, {0: 0.0, 10: 1200.0}),
-                         1: _cell({0: 0.1, 10: 0.4}, {0: 0.0, 10: 1200.0})}}
+    results = {
+        "grpo": {
+            0: _cell({0: 0.1, 10: 0.3}, {0: 0.0, 10: 600.0}),  # the faster seed: 10 min
+            1: _cell({0: 0.1, 10: 0.5}, {0: 0.0, 10: 900.0}),
+        },
+        "lanpo": {0: _cell({0: 0.1, 10: 0.2}, {0: 0.0, 10: 1200.0}), 1: _cell({0: 0.1, 10: 0.4}, {0: 0.0, 10: 1200.0})},
+    }
     table = results_table(grid, results)
     row = next(r for r in _wall_clock_rows(table) if r[0] == "10.0")
     # at 10 min: grpo seed 0 at its step 10 (0.3), seed 1 two thirds of the way (0.1 + 0.4 * 600 / 900)
@@ -382,8 +434,9 @@ def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
     def cell(arm, seed, evals, complete):
         run = out / arm / f"seed-{seed}"
         run.mkdir(parents=True)
-        rows = [{"step": s, "eval/arith/zero-shot/mean@2": v, **({"step_time": 5.0} if s else {})}
-                for s, v in evals.items()]
+        rows = [
+            {"step": s, "eval/arith/zero-shot/mean@2": v, **({"step_time": 5.0} if s else {})} for s, v in evals.items()
+        ]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         if complete:
             (run / "cell.json").write_text("{}")
@@ -401,8 +454,11 @@ def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
     assert "| grpo | feedback_ratio=0.0 | 2/2 (1 unfinished) |" in table
     assert "| lanpo | (base) | 2/2 (2 unfinished) |" in table
     rows = {r[0]: r[1:] for r in _section_rows(table, "mean@2, by step", "step")}
-    assert rows["1"] == [f"{_fmt_ci([0.3, 0.4])} [2]", f"{_fmt_ci([0.35, 0.25])} [2]",
-                         f"{_fmt_ci([0.05, -0.15], '+')} [2]"]  # lanpo − grpo, paired by seed
+    assert rows["1"] == [
+        f"{_fmt_ci([0.3, 0.4])} [2]",
+        f"{_fmt_ci([0.35, 0.25])} [2]",
+        f"{_fmt_ci([0.05, -0.15], '+')} [2]",
+    ]  # lanpo − grpo, paired by seed
     assert rows["2"] == ["0.400 [1]", "—", "—"]
     spread = {r[0]: r[1:] for r in _section_rows(table, "should land", "step")}
     assert spread["2"] == ["—", "—"] and spread["1"][1].endswith("[2]")  # no interval from fewer than 2 seeds

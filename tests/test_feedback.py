@@ -44,9 +44,14 @@ def test_no_builder_ever_receives_a_gold_answer():
 
 
 def test_abstraction_uses_principles_and_pitfalls_only():
-    entry = PoolEntry(problem_id="other", problem="What is 2 + 2?", flow_of_thought="add them up, get 4",
-                      principles=["line up the digits", "the answer is \\boxed{4}"],
-                      pitfalls=["forgetting to carry", "split into 9 cases here"], id=5)
+    entry = PoolEntry(
+        problem_id="other",
+        problem="What is 2 + 2?",
+        flow_of_thought="add them up, get 4",
+        principles=["line up the digits", "the answer is \\boxed{4}"],
+        pitfalls=["forgetting to carry", "split into 9 cases here"],
+        id=5,
+    )
     result = build_abstraction_prompt("What is 5 + 4?", [entry], problem_id="mine")
     text = result.messages[0]["content"]
     assert "line up the digits" in text and "forgetting to carry" in text
@@ -64,21 +69,34 @@ def test_abstraction_skips_the_same_problem_and_falls_back_when_nothing_is_left(
 
 
 def test_lessons_are_scrubbed_of_their_own_answer_in_every_form_and_answer_only_lessons_go():
-    lessons = ["the total is 14/2 here", "it equals seven", "count \uff17 items", "use \\frac{14}{2}",
-               "the sum is 7.0", "add the tens first", "7", "x = 7", "there are 17 cases", "y = 42"]
+    lessons = [
+        "the total is 14/2 here",
+        "it equals seven",
+        "count \uff17 items",
+        "use \\frac{14}{2}",
+        "the sum is 7.0",
+        "add the tens first",
+        "7",
+        "x = 7",
+        "there are 17 cases",
+        "y = 42",
+    ]
     kept, dropped = clean_lessons(lessons, ["7"])
     assert kept == ["add the tens first", "there are 17 cases"]
     assert dropped["states_its_answer"] == 7 and dropped["answer_only"] == 1  # "y = 42": only an answer
 
 
-@pytest.mark.parametrize("gold,lesson,states", [
-    ("-3", "the result is minus 3", True),
-    ("-3", "it comes out negative three", True),
-    ("-3", "so it is - 3 in the end", True),
-    ("\\frac{1}{2}", "use \\frac{1} {2} of it", True),
-    ("3", "the result is minus 3", False),  # -3 is not 3
-    ("-3", "take 5 - 3 apples", False),  # a difference, not -3
-])
+@pytest.mark.parametrize(
+    "gold,lesson,states",
+    [
+        ("-3", "the result is minus 3", True),
+        ("-3", "it comes out negative three", True),
+        ("-3", "so it is - 3 in the end", True),
+        ("\\frac{1}{2}", "use \\frac{1} {2} of it", True),
+        ("3", "the result is minus 3", False),  # -3 is not 3
+        ("-3", "take 5 - 3 apples", False),  # a difference, not -3
+    ],
+)
 def test_scrub_reads_negative_numbers_in_words_and_spaced_forms(gold, lesson, states):
     kept, dropped = clean_lessons([lesson, "line up the digits"], [gold])
     assert (lesson not in kept) is states and "line up the digits" in kept
@@ -90,20 +108,31 @@ words = st.text(alphabet=string.ascii_letters + string.digits + " +-=.,", min_si
 
 
 plain_words = st.text(alphabet=string.ascii_letters + " +-=.,", min_size=0, max_size=60)  # no digits
-ANSWER_TALK = ["the answer is {gold}", "\\boxed{{{gold}}}", "so the final answer is {gold}.",
-               "reward: 1", "the answer was correct", "gold answer here"]
+ANSWER_TALK = [
+    "the answer is {gold}",
+    "\\boxed{{{gold}}}",
+    "so the final answer is {gold}.",
+    "reward: 1",
+    "the answer was correct",
+    "gold answer here",
+]
 
 
 @settings(max_examples=200, deadline=None)
-@given(gold=st.integers(min_value=0, max_value=999).map(str), attempt=words,
-       lessons=st.lists(st.one_of(plain_words, st.sampled_from(ANSWER_TALK)), min_size=1, max_size=6))
+@given(
+    gold=st.integers(min_value=0, max_value=999).map(str),
+    attempt=words,
+    lessons=st.lists(st.one_of(plain_words, st.sampled_from(ANSWER_TALK)), min_size=1, max_size=6),
+)
 def test_no_feedback_context_talks_about_grades_or_states_an_answer(gold, attempt, lessons):
     """Lessons of other problems that state an answer (here: the current problem's gold, the worst case) or talk
     about grades never reach an abstraction context; a reflection shows the attempt and nothing that grades it."""
     problem = "What is the value?"
     lessons = [x.format(gold=gold) for x in lessons]
-    entries = [PoolEntry(problem_id=f"o{i}", problem="other", flow_of_thought="", principles=[x], pitfalls=[x])
-               for i, x in enumerate(lessons)]
+    entries = [
+        PoolEntry(problem_id=f"o{i}", problem="other", flow_of_thought="", principles=[x], pitfalls=[x])
+        for i, x in enumerate(lessons)
+    ]
     result = build_abstraction_prompt(problem, entries, problem_id="me")
     if result.messages is not None:
         text = result.messages[0]["content"]
@@ -117,21 +146,27 @@ def test_no_feedback_context_talks_about_grades_or_states_an_answer(gold, attemp
 
 # -- the summary parser ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text", [
-    "FLOW OF THOUGHT: add then check.\nPRINCIPLES:\n- add the ones first\n- keep digits aligned\nPITFALLS:\n- no carry",
-    "## Flow of Thought\nAdd.\n## Principles\n1. add the ones first\n2. keep digits aligned\n## Pitfalls\n* no carry",
-    "**Flow of thought:** add\n**Key principles:**\n- add the ones first\n**Common pitfalls:**\n- forgetting the carry",
-    "Principles: add the ones first.\nPitfalls: forgetting the carry.",
-    '{"flow_of_thought": "add", "principles": ["add the ones first"], "pitfalls": ["no carry"]}',
-    "Sure! Here is my summary.\n\nPRINCIPLES:\n- add the ones first\n\nMistakes to avoid:\n- no carry\n",
-])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "FLOW OF THOUGHT: add then check.\nPRINCIPLES:\n- add the ones first\n- keep digits aligned\nPITFALLS:\n- no carry",
+        "## Flow of Thought\nAdd.\n## Principles\n1. add the ones first\n2. keep digits aligned\n## Pitfalls\n* no carry",
+        "**Flow of thought:** add\n**Key principles:**\n- add the ones first\n**Common pitfalls:**\n- forgetting the carry",
+        "Principles: add the ones first.\nPitfalls: forgetting the carry.",
+        '{"flow_of_thought": "add", "principles": ["add the ones first"], "pitfalls": ["no carry"]}',
+        "Sure! Here is my summary.\n\nPRINCIPLES:\n- add the ones first\n\nMistakes to avoid:\n- no carry\n",
+    ],
+)
 def test_parser_accepts_what_models_write(text):
     summary = parse_summary(text)
     assert summary is not None and summary.principles and "add the ones first" in " ".join(summary.principles)
 
 
-@pytest.mark.parametrize("text", ["", "   ", "The answer is 7.", "PRINCIPLES:\n\nPITFALLS:\n", "{not json", "[1,2]",
-                                  "FLOW OF THOUGHT: just a plan"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "   ", "The answer is 7.", "PRINCIPLES:\n\nPITFALLS:\n", "{not json", "[1,2]", "FLOW OF THOUGHT: just a plan"],
+)
 def test_parser_rejects_what_carries_no_lesson(text):
     assert parse_summary(text) is None
 
@@ -144,10 +179,18 @@ def test_parser_never_crashes(text):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(lambda x: len(x.strip()) >= 3),
-                min_size=1, max_size=5),
-       st.lists(st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(lambda x: len(x.strip()) >= 3),
-                min_size=1, max_size=5))
+@given(
+    st.lists(
+        st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(lambda x: len(x.strip()) >= 3),
+        min_size=1,
+        max_size=5,
+    ),
+    st.lists(
+        st.text(alphabet=string.ascii_letters + " ", min_size=4, max_size=40).filter(lambda x: len(x.strip()) >= 3),
+        min_size=1,
+        max_size=5,
+    ),
+)
 def test_canonical_summaries_parse_back(principles, pitfalls):
     """Items of three or more characters (the parser's minimum) survive a round trip through the format."""
     from lanpo.prompts import Summary
@@ -161,12 +204,14 @@ def test_canonical_summaries_parse_back(principles, pitfalls):
 def test_summarize_counts_failures_and_scrubs_answers():
     from collections import Counter
 
-    outputs = ["PRINCIPLES:\n- add ones first\n- the answer is 7\nPITFALLS:\n- forgetting to carry",
-               "I cannot summarize this.",
-               "PRINCIPLES:\n- it is 7\nPITFALLS:\n- 7"]
+    outputs = [
+        "PRINCIPLES:\n- add ones first\n- the answer is 7\nPITFALLS:\n- forgetting to carry",
+        "I cannot summarize this.",
+        "PRINCIPLES:\n- it is 7\nPITFALLS:\n- 7",
+    ]
     stats = Counter()
     trials = [Trial("a", "What is 3 + 4?", "3 + 4 = \\boxed{7}", True, gold="7") for _ in outputs]
-    entries = summarize_trials(trials, lambda prompts: outputs[:len(prompts)], stats)
+    entries = summarize_trials(trials, lambda prompts: outputs[: len(prompts)], stats)
     assert len(entries) == 1 and entries[0].principles == ["add ones first"]
     assert stats["parse_failed"] == 1 and stats["empty_after_cleaning"] == 1 and stats["parsed"] == 1
     assert entries[0].correct is True and json.dumps(entries[0].to_dict())
@@ -205,9 +250,16 @@ def test_real_gsm8k_contexts_show_no_gold_no_reward_and_only_lessons_of_other_pr
     assert not re.search(rf"(?<!\d){re.escape(target.answer)}(?!\d)", outside)
     assert not re.search(r"reward|correct|gold|\u2713|\u2717", outside, re.IGNORECASE)
 
-    entries = [PoolEntry(problem_id=p.id, problem=p.problem, flow_of_thought=f"solve it to get {p.answer}",
-                         principles=[f"principle of {p.id}", f"its answer is {p.answer}"],
-                         pitfalls=[f"pitfall of {p.id}"]) for p in others[:5]]
+    entries = [
+        PoolEntry(
+            problem_id=p.id,
+            problem=p.problem,
+            flow_of_thought=f"solve it to get {p.answer}",
+            principles=[f"principle of {p.id}", f"its answer is {p.answer}"],
+            pitfalls=[f"pitfall of {p.id}"],
+        )
+        for p in others[:5]
+    ]
     text = build_abstraction_prompt(target.problem, entries, problem_id=target.id).messages
     text = text[0]["content"]
     for p in others[:5]:

@@ -19,8 +19,12 @@ from test_runs import tiny_args
 
 
 @settings(max_examples=25, deadline=None)
-@given(levels=st.lists(st.integers(1, 3), min_size=1, max_size=3, unique=True), seed=st.integers(0, 50),
-       n=st.integers(4, 40), named_split=st.booleans())
+@given(
+    levels=st.lists(st.integers(1, 3), min_size=1, max_size=3, unique=True),
+    seed=st.integers(0, 50),
+    n=st.integers(4, 40),
+    named_split=st.booleans(),
+)
 def test_builtin_held_out_is_the_test_split_of_the_same_levels_and_shares_no_problem(levels, seed, n, named_split):
     spec = f"builtin:arith?levels={','.join(map(str, levels))}&seed={seed}&n={n}" + ("&split=train" * named_split)
     held = held_out_benchmark(spec)
@@ -54,11 +58,16 @@ def test_no_held_out_set_is_invented_where_lanpo_knows_none(data):
 
 
 def write_gsm8k(folder: Path, split: str, start: int, n: int) -> list[str]:
-    texts = [f"Sam has {i} apples and buys {i + 1} more. How many apples does Sam have now?" for i in
-             range(start, start + n)]
+    texts = [
+        f"Sam has {i} apples and buys {i + 1} more. How many apples does Sam have now?" for i in range(start, start + n)
+    ]
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{split}.jsonl").write_text("".join(json.dumps({"question": t, "answer": f"steps\n#### {2 * i + 1}"}) +
-                                                   "\n" for t, i in zip(texts, range(start, start + n))))
+    (folder / f"{split}.jsonl").write_text(
+        "".join(
+            json.dumps({"question": t, "answer": f"steps\n#### {2 * i + 1}"}) + "\n"
+            for t, i in zip(texts, range(start, start + n))
+        )
+    )
     return texts
 
 

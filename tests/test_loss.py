@@ -21,14 +21,18 @@ def _forward(trainer, prompts, completion_ids, completion_mask):
     ids, mask = left_pad(prompts, trainer.processing_class.pad_token_id)
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([ids, completion_ids], 1), torch.cat([mask, completion_mask], 1),
-            completion_ids.size(1))
+            trainer.model,
+            torch.cat([ids, completion_ids], 1),
+            torch.cat([mask, completion_mask], 1),
+            completion_ids.size(1),
+        )
     return logps
 
 
 def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_model_dir, tmp_path, monkeypatch):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="strip", max_steps=2, temperature=0.7,
-                           strip_ratio_clip=1e6)  # no clipping: compare the raw ratios
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, context_in_loss="strip", max_steps=2, temperature=0.7, strip_ratio_clip=1e6
+    )  # no clipping: compare the raw ratios
     stub_summaries(trainer)
     checked = {"rows": 0, "tokens": 0}
     attach = trainer._attach_feedback_inputs
@@ -37,8 +41,9 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
         attach(output)
         rows = trainer._rows
         # the reference: one forward under each row's context (plain prompt for scratch rows), as before
-        reference = _forward(trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"],
-                             output["completion_mask"])
+        reference = _forward(
+            trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"], output["completion_mask"]
+        )
         feedback = torch.tensor([r.has_feedback for r in rows])[:, None] & output["completion_mask"].bool()
         if feedback.any():
             sampled = output["lanpo_context_logps"]
@@ -77,7 +82,9 @@ def test_strip_mode_runs_no_extra_forward_when_the_sampler_reports_log_probabili
     stub_summaries(trainer)
     calls = []
     original = trainer._get_per_token_logps_and_entropies
-    trainer._get_per_token_logps_and_entropies = lambda *a, **k: calls.append(torch.is_grad_enabled()) or original(*a, **k)
+    trainer._get_per_token_logps_and_entropies = lambda *a, **k: (
+        calls.append(torch.is_grad_enabled()) or original(*a, **k)
+    )
     trainer.train()
     # per step: the reference model's forward (no grad, beta > 0) and the loss's forward (grad); nothing else
     assert calls.count(False) == 2 and calls.count(True) == 2, calls
@@ -94,8 +101,9 @@ def test_strip_mode_falls_back_to_a_forward_when_a_generator_reports_no_log_prob
         attach(output)
         rows = trainer._rows
         assert all(r.sampler_logps is None for r in rows)
-        reference = _forward(trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"],
-                             output["completion_mask"])
+        reference = _forward(
+            trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"], output["completion_mask"]
+        )
         feedback = torch.tensor([r.has_feedback for r in rows])[:, None] & output["completion_mask"].bool()
         assert feedback.any()
         assert (output["lanpo_context_logps"][feedback] - reference[feedback]).abs().max() < LOGP_TOL
@@ -112,22 +120,32 @@ def _generation_batch(trainer, rows=16, seed=0):
     """A TRL-shaped generation batch: left-padded prompts of very different lengths, right-padded completions."""
     g = torch.Generator().manual_seed(seed)
     vocab = trainer.model.config.vocab_size
-    prompts = [torch.randint(3, vocab, (int(n),), generator=g).tolist()
-               for n in torch.randint(4, 60, (rows,), generator=g)]
-    completions = [torch.randint(3, vocab, (int(n),), generator=g).tolist()
-                   for n in torch.randint(1, 12, (rows,), generator=g)]
+    prompts = [
+        torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(4, 60, (rows,), generator=g)
+    ]
+    completions = [
+        torch.randint(3, vocab, (int(n),), generator=g).tolist() for n in torch.randint(1, 12, (rows,), generator=g)
+    ]
     prompt_ids, prompt_mask = left_pad(prompts, 0)
     width = max(map(len, completions))
     completion_ids = torch.tensor([c + [0] * (width - len(c)) for c in completions])
     completion_mask = torch.tensor([[1] * len(c) + [0] * (width - len(c)) for c in completions])
     with torch.no_grad():
         ref = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([prompt_ids, completion_ids], 1), torch.cat([prompt_mask, completion_mask], 1),
-            width)[0]
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
-            "completion_mask": completion_mask, "advantages": torch.randn(rows, generator=g),
-            "ref_per_token_logps": ref - 0.1 * torch.rand(ref.shape, generator=g),
-            "num_items_in_batch": completion_mask.sum()}
+            trainer.model,
+            torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([prompt_mask, completion_mask], 1),
+            width,
+        )[0]
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(rows, generator=g),
+        "ref_per_token_logps": ref - 0.1 * torch.rand(ref.shape, generator=g),
+        "num_items_in_batch": completion_mask.sum(),
+    }
 
 
 def _loss_and_grads(trainer, chunks):
@@ -142,8 +160,14 @@ def _loss_and_grads(trainer, chunks):
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_bucketed_micro_batches_give_the_loss_and_gradients_of_trl_shuffled_ones(tiny_model_dir, tmp_path, loss_type):
-    trainer = make_trainer(tiny_model_dir, tmp_path, loss_type=loss_type, per_device_train_batch_size=4,
-                           gradient_accumulation_steps=4, num_generations=4)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        loss_type=loss_type,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=4,
+        num_generations=4,
+    )
     trainer.current_gradient_accumulation_steps = 4
     trainer.model.train()
     batch = _generation_batch(trainer)
@@ -157,19 +181,28 @@ def test_bucketed_micro_batches_give_the_loss_and_gradients_of_trl_shuffled_ones
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
     padded = sum(int((1 - c["prompt_mask"]).sum()) for c in buckets)
     assert padded < int((1 - batch["prompt_mask"]).sum()) / 2  # the point: far fewer padded prompt tokens
-    assert sorted(sum((c["prompt_mask"].sum(1).tolist() for c in buckets), [])) == \
-        sorted(batch["prompt_mask"].sum(1).tolist())  # every row once
+    assert sorted(sum((c["prompt_mask"].sum(1).tolist() for c in buckets), [])) == sorted(
+        batch["prompt_mask"].sum(1).tolist()
+    )  # every row once
 
 
 def test_keep_mode_with_several_micro_batches_trains_on_buckets(tiny_model_dir, tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="keep", per_device_train_batch_size=4,
-                           gradient_accumulation_steps=2, num_generations=4, max_steps=2)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        context_in_loss="keep",
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=2,
+        num_generations=4,
+        max_steps=2,
+    )
     stub_summaries(trainer)
     assert trainer.args.steps_per_generation == 2
     widths = []
     compute_loss = trainer._compute_loss
-    trainer._compute_loss = lambda model, inputs: widths.append(inputs["prompt_ids"].size(1)) or \
-        compute_loss(model, inputs)
+    trainer._compute_loss = lambda model, inputs: (
+        widths.append(inputs["prompt_ids"].size(1)) or compute_loss(model, inputs)
+    )
     trainer.train()
     assert len(widths) == 4 and any(w != max(widths) for w in widths)  # micro-batches cut to their own widths
 
@@ -225,7 +258,7 @@ def _forward_logps(trainer, batch, grad=False):
     ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
     mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
     with torch.set_grad_enabled(grad):
-        logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1:-1]
+        logits = trainer.model(input_ids=ids, attention_mask=mask).logits[:, -batch["completion_ids"].size(1) - 1 : -1]
     logps = torch.log_softmax(logits.float() / trainer.args.temperature, -1)
     return logps.gather(-1, batch["completion_ids"][..., None]).squeeze(-1)
 
@@ -261,8 +294,9 @@ def _reference_loss(trainer, batch, mode):
         r_k3 = torch.where(feedback, 0.0, r)
         kl = torch.where(feedback, token_w * 0.5 * r * r, (torch.exp(r_k3) - r_k3 - 1) * ratio)
     per_token = policy + args.beta * kl
-    normalizer = float(batch["num_items_in_batch"]) * trainer.current_gradient_accumulation_steps / \
-        args.steps_per_generation
+    normalizer = (
+        float(batch["num_items_in_batch"]) * trainer.current_gradient_accumulation_steps / args.steps_per_generation
+    )
     return (per_token * mask).sum() / normalizer
 
 
@@ -289,8 +323,9 @@ def _loss_trainer(tiny_model_dir, tmp_path, mode, **overrides):
 
 @pytest.mark.parametrize("stale", [False, True], ids=["fresh", "stale-old-logps"])
 @pytest.mark.parametrize("mode", CHOICES)
-def test_every_context_in_loss_choice_gives_the_loss_and_gradients_of_its_formula(tiny_model_dir, tmp_path, mode,
-                                                                                   stale):
+def test_every_context_in_loss_choice_gives_the_loss_and_gradients_of_its_formula(
+    tiny_model_dir, tmp_path, mode, stale
+):
     trainer = _loss_trainer(tiny_model_dir, tmp_path, mode, strip_ratio_clip=1.5)
     batch = _feedback_batch(trainer, mode, stale=stale)
     loss, grads = _lanpo_loss_and_grads(trainer, batch)
@@ -324,14 +359,24 @@ def test_a_feedback_token_far_from_the_reference_gives_a_finite_loss_and_gradien
 def test_lanpo_kl_on_rows_sampled_under_their_own_prompt_is_trl_s(tiny_model_dir, tmp_path, loss_type):
     """A micro-batch whose rows are all scratch rows, through LANPO's path (TRL's loss at β = 0 plus LANPO's KL
     term), equals TRL's own loss with its KL, for every loss normalization."""
-    trainer = _loss_trainer(tiny_model_dir, tmp_path, "strip", loss_type=loss_type, num_generations=4,
-                            gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    trainer = _loss_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "strip",
+        loss_type=loss_type,
+        num_generations=4,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=4,
+    )
     trainer.current_gradient_accumulation_steps = 2
     batch = _generation_batch(trainer, rows=8)
     batch["old_per_token_logps"] = batch["ref_per_token_logps"] + 0.05  # ratio ≠ 1: bias correction matters
     expected, expected_grads = _lanpo_loss_and_grads(trainer, batch)  # no feedback flag: TRL's loss untouched
-    flagged = dict(batch, lanpo_has_feedback=torch.zeros(8, dtype=torch.bool),
-                   lanpo_context_logps=torch.full(batch["completion_mask"].shape, float("nan")))
+    flagged = dict(
+        batch,
+        lanpo_has_feedback=torch.zeros(8, dtype=torch.bool),
+        lanpo_context_logps=torch.full(batch["completion_mask"].shape, float("nan")),
+    )
     loss, grads = _lanpo_loss_and_grads(trainer, flagged)
     assert float(loss) == pytest.approx(float(expected), rel=1e-5, abs=1e-7)
     for got, want in zip(grads, expected_grads):
@@ -339,10 +384,10 @@ def test_lanpo_kl_on_rows_sampled_under_their_own_prompt_is_trl_s(tiny_model_dir
 
 
 @pytest.mark.parametrize("mode", CHOICES)
-def test_a_short_high_learning_rate_run_logs_finite_loss_grad_norm_and_kl_split_at_every_step(tiny_model_dir,
-                                                                                             tmp_path, mode):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=4, learning_rate=0.05,
-                           beta=0.1)
+def test_a_short_high_learning_rate_run_logs_finite_loss_grad_norm_and_kl_split_at_every_step(
+    tiny_model_dir, tmp_path, mode
+):
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=4, learning_rate=0.05, beta=0.1)
     stub_summaries(trainer)
     trainer.train()
     logged = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]
@@ -364,11 +409,18 @@ def test_sampler_log_probabilities_are_logits_over_temperature_before_any_proces
     torch.manual_seed(0)
     prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14], [20, 21]]
     ids, mask = left_pad(prompts, 0)
-    config = GenerationConfig(max_new_tokens=10, min_new_tokens=10, do_sample=True, temperature=0.7,
-                              repetition_penalty=1.8, pad_token_id=0, eos_token_id=[2])
+    config = GenerationConfig(
+        max_new_tokens=10,
+        min_new_tokens=10,
+        do_sample=True,
+        temperature=0.7,
+        repetition_penalty=1.8,
+        pad_token_id=0,
+        eos_token_id=[2],
+    )
     completions, logprobs = generation.sample_with_logprobs(model, ids, mask, config, [2])
     for prompt, completion, recorded in zip(prompts, completions, logprobs):
         with torch.no_grad():
-            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1]
+            logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
         expected = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
         assert torch.allclose(torch.tensor(recorded), expected, atol=LOGP_TOL)

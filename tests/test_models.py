@@ -72,8 +72,9 @@ def test_answers_are_graded_leniently_only_for_the_embedded_model():
 
 
 @pytest.mark.parametrize("cores,processes,expected", [(2, 1, 2), (2, 2, 1), (16, 4, 4), (1, 4, 1)])
-def test_torch_threads_are_the_cores_this_process_may_use_shared_by_lanpos_processes(monkeypatch, cores, processes,
-                                                                                     expected):
+def test_torch_threads_are_the_cores_this_process_may_use_shared_by_lanpos_processes(
+    monkeypatch, cores, processes, expected
+):
     import os
 
     import torch

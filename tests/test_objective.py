@@ -62,8 +62,9 @@ def test_a_lone_row_of_its_kind_has_no_baseline():
 
 def test_normalize_then_sum_normalizes_each_reward_within_the_subgroup_then_over_the_batch():
     rewards = torch.tensor([[0.0, 10.0], [1.0, 30.0], [2.0, 0.0], [4.0, 0.0]])
-    adv = separate_advantages(rewards, torch.tensor([1.0, 1.0]), [False, False, True, True], 4, "group",
-                              "normalize_then_sum")
+    adv = separate_advantages(
+        rewards, torch.tensor([1.0, 1.0]), [False, False, True, True], 4, "group", "normalize_then_sum"
+    )
     # scratch pair: each function (x - mean) / (std + eps); feedback pair: the second function is constant (0)
     first = torch.tensor([[-0.5, -10.0], [0.5, 10.0]]) / torch.tensor([[math.sqrt(0.5), math.sqrt(200)]]).add(1e-4)
     second = torch.tensor([[-1.0], [1.0]]) / (math.sqrt(2.0) + 1e-4)
@@ -78,8 +79,11 @@ def test_strip_weights_are_the_clipped_probability_ratio_and_one_on_padding():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
     weights = strip_weights(plain, context, mask, clip=2.0)
     assert torch.allclose(weights, torch.tensor([[0.5, 2.0, 1.0], [1.0, 1.0, 1.0]]), atol=1e-6)
-    assert torch.allclose(weight_advantages(torch.tensor([2.0, -1.0]), weights),
-                          torch.tensor([[1.0, 4.0, 2.0], [-1.0, -1.0, -1.0]]), atol=1e-6)
+    assert torch.allclose(
+        weight_advantages(torch.tensor([2.0, -1.0]), weights),
+        torch.tensor([[1.0, 4.0, 2.0], [-1.0, -1.0, -1.0]]),
+        atol=1e-6,
+    )
 
 
 def test_sequence_strip_weights_are_the_clipped_geometric_mean_of_the_row_and_one_elsewhere():
@@ -139,12 +143,14 @@ def test_scratch_baseline_centres_feedback_rows_on_the_scratch_mean_by_value():
     adv = scratch_baseline_advantages(rewards, ONE, flags, group_size=4, scale_rewards="group")
     group1_std = torch.tensor([0.0, 0.0, 1.0, 1.0]).std()
     # group 1: scratch rows agree (all 0): scratch advantages 0, right feedback rows +1 / group std
-    assert torch.allclose(adv[:4], torch.tensor([0.0, 0.0, 1 / (group1_std + 1e-4), 1 / (group1_std + 1e-4)]),
-                          atol=1e-4)
+    assert torch.allclose(
+        adv[:4], torch.tensor([0.0, 0.0, 1 / (group1_std + 1e-4), 1 / (group1_std + 1e-4)]), atol=1e-4
+    )
     # group 2: scratch mean 0.5, scratch std of [1, 0]; feedback rows against 0.5 over the group's std
     scratch_std, group2_std = torch.tensor([1.0, 0.0]).std(), torch.tensor([1.0, 0.0, 1.0, 0.0]).std()
-    expected = torch.tensor([0.5 / (scratch_std + 1e-4), -0.5 / (scratch_std + 1e-4), 0.5 / (group2_std + 1e-4),
-                             -0.5 / (group2_std + 1e-4)])
+    expected = torch.tensor(
+        [0.5 / (scratch_std + 1e-4), -0.5 / (scratch_std + 1e-4), 0.5 / (group2_std + 1e-4), -0.5 / (group2_std + 1e-4)]
+    )
     assert torch.allclose(adv[4:], expected, atol=1e-4)
     unscaled = scratch_baseline_advantages(rewards, ONE, flags, group_size=4, scale_rewards="none")
     assert torch.allclose(unscaled, torch.tensor([0.0, 0.0, 1.0, 1.0, 0.5, -0.5, 0.5, -0.5]))
@@ -156,22 +162,40 @@ def test_scratch_baseline_gives_zero_where_no_scratch_row_was_scored():
     assert torch.equal(adv, torch.zeros(4))
 
 
-@pytest.mark.parametrize("loss_type,expected", [
-    ("grpo", ((3 / 2 + 5 / 1) / 2) / 2), ("bnpo", (8 / 3) / 2), ("dr_grpo", 8 / (2 * 10) / 2),
-    ("dapo", 8 / (12 / 2 * 2 / 4)), ("luspo", (3 + 5) / 2 / 2),
-])
+@pytest.mark.parametrize(
+    "loss_type,expected",
+    [
+        ("grpo", ((3 / 2 + 5 / 1) / 2) / 2),
+        ("bnpo", (8 / 3) / 2),
+        ("dr_grpo", 8 / (2 * 10) / 2),
+        ("dapo", 8 / (12 / 2 * 2 / 4)),
+        ("luspo", (3 + 5) / 2 / 2),
+    ],
+)
 def test_aggregate_normalizes_a_micro_batch_as_trl_does(loss_type, expected):
     per_token = torch.tensor([[1.0, 2.0, 7.0], [5.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    scale = LossScale(loss_type, accumulation_steps=2, max_completion_length=10, num_items_in_batch=12,
-                      num_processes=2, steps_per_generation=4)
+    scale = LossScale(
+        loss_type,
+        accumulation_steps=2,
+        max_completion_length=10,
+        num_items_in_batch=12,
+        num_processes=2,
+        steps_per_generation=4,
+    )
     assert float(aggregate(per_token, mask, scale)) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize("g,p,share,expected", [
-    (8, 0.75, 0.5, (2, 3, 3)), (8, 0.0, 0.5, (8, 0, 0)), (8, 1.0, 1.0, (0, 8, 0)), (4, 0.5, 0.0, (2, 0, 2)),
-    (16, 0.75, 0.5, (4, 6, 6)),
-])
+@pytest.mark.parametrize(
+    "g,p,share,expected",
+    [
+        (8, 0.75, 0.5, (2, 3, 3)),
+        (8, 0.0, 0.5, (8, 0, 0)),
+        (8, 1.0, 1.0, (0, 8, 0)),
+        (4, 0.5, 0.0, (2, 0, 2)),
+        (16, 0.75, 0.5, (4, 6, 6)),
+    ],
+)
 def test_group_plan_counts(g, p, share, expected):
     assert plan_group(g, p, share) == expected
 
@@ -182,8 +206,13 @@ def test_rows_follow_the_plan_in_every_group_and_trials_alternate_right_and_wron
     assert [r.kind for r in rows] == ["scratch", "scratch", "reflection", "abstraction"] * 2
     for r, text in zip(rows, ["a", "b", "c", "d", "e", "", "g", "h"]):
         r.text = text
-    trials = choose_trials(rows, [1, 0, 0, 1, 0, 0, 0, 1], [True, False, False, True, False, False, False, True],
-                           g=4, budget=2, step=3)
+    trials = choose_trials(
+        rows, [1, 0, 0, 1, 0, 0, 0, 1], [True, False, False, True, False, False, False, True], g=4, budget=2, step=3
+    )
     assert [(t.problem_id, t.completion, t.correct) for t in trials] == [
-        ("p0", "a", True), ("p0", "b", False), ("p1", "h", True), ("p1", "e", False)]
+        ("p0", "a", True),
+        ("p0", "b", False),
+        ("p1", "h", True),
+        ("p1", "e", False),
+    ]
     assert all(isinstance(r, Row) for r in rows) and trials[0].rollout_id == "3:0:0"

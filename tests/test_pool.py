@@ -12,8 +12,15 @@ from lanpo.pool.store import Attempt, ExperiencePool, PoolEntry, PoolError
 
 
 def entry(pid: str, i: int = 0, **kw) -> PoolEntry:
-    return PoolEntry(problem_id=pid, problem=f"problem {pid}", flow_of_thought=f"plan {i}",
-                     principles=[f"principle {i}"], pitfalls=[f"pitfall {i}"], step=i, **kw)
+    return PoolEntry(
+        problem_id=pid,
+        problem=f"problem {pid}",
+        flow_of_thought=f"plan {i}",
+        principles=[f"principle {i}"],
+        pitfalls=[f"pitfall {i}"],
+        step=i,
+        **kw,
+    )
 
 
 def test_round_trip_keeps_every_field(tmp_path):

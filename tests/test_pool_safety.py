@@ -38,8 +38,9 @@ def _writer(tmp_path: Path, path: Path, name: str, batches: int, size: int, reco
     if not script.exists():  # written once: rewriting it while a started writer reads it ran an empty script
         script.write_text(WRITER)
     out = str(tmp_path / f"{name}.jsonl") if record else "-"
-    return subprocess.Popen([sys.executable, str(script), str(path), name, str(batches), str(size), out],
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(script), str(path), name, str(batches), str(size), out], stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_concurrent_writers_lose_nothing_and_every_id_is_their_own(tmp_path):
@@ -112,9 +113,11 @@ def test_a_kill_at_every_statement_of_creation_leaves_a_pool_that_opens(tmp_path
 def test_a_pool_an_older_lanpo_half_created_is_created_again(tmp_path, statements):
     path = tmp_path / "pool.sqlite"
     conn = sqlite3.connect(path)
-    steps = [f"PRAGMA application_id = {APPLICATION_ID}",
-             "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-             "CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, problem_id TEXT)"]
+    steps = [
+        f"PRAGMA application_id = {APPLICATION_ID}",
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+        "CREATE TABLE entries (id INTEGER PRIMARY KEY AUTOINCREMENT, problem_id TEXT)",
+    ]
     for statement in steps[:statements]:
         conn.execute(statement)
     conn.commit()
@@ -141,7 +144,7 @@ def test_a_pool_that_fails_the_integrity_check_is_refused(tmp_path):
     with ExperiencePool(path) as pool:
         pool.add([PoolEntry(f"p{i}", "q" * 500, "f", ["a" * 500], []) for i in range(200)])
     data = bytearray(path.read_bytes())
-    data[len(data) // 2:len(data) // 2 + 4096] = os.urandom(4096)  # a page in the middle
+    data[len(data) // 2 : len(data) // 2 + 4096] = os.urandom(4096)  # a page in the middle
     path.write_bytes(bytes(data))
     with pytest.raises(PoolError):
         with ExperiencePool(path, readonly=True) as pool:
@@ -158,8 +161,18 @@ def test_export_never_overwrites_its_pool_and_import_names_bad_lines(tmp_path):
         export = tmp_path / "export.jsonl"
         assert export_jsonl(pool, export) == 2
     good = json.loads(export.read_text().splitlines()[1])
-    export.write_text("\n".join([export.read_text().strip(), "42", json.dumps({**good, "step": "seven"}),
-                                 "{broken", json.dumps({"type": "attempt", "problem_id": "p"})]) + "\n")
+    export.write_text(
+        "\n".join(
+            [
+                export.read_text().strip(),
+                "42",
+                json.dumps({**good, "step": "seven"}),
+                "{broken",
+                json.dumps({"type": "attempt", "problem_id": "p"}),
+            ]
+        )
+        + "\n"
+    )
     with ExperiencePool(tmp_path / "other.sqlite") as target:
         with pytest.raises(PoolError, match="4 bad line") as error:
             import_jsonl(target, export)
@@ -177,6 +190,7 @@ def test_the_summary_parser_is_linear_on_unclosed_json():
 
 
 # -- round three (issue 37): foreign files, all-or-nothing imports, concurrent creation ---------------------------
+
 
 @pytest.mark.parametrize("make", ["empty-sqlite", "user-version", "zero-bytes"])
 def test_another_applications_file_is_refused_and_left_byte_for_byte(tmp_path, make):
@@ -214,8 +228,16 @@ def _pool_with_one_entry(tmp_path: Path) -> ExperiencePool:
 def test_an_import_with_any_bad_line_imports_nothing_and_creates_no_pool_file(tmp_path, capsys, bad):
     from lanpo.cli import main
 
-    good = json.dumps({"type": "entry", "problem_id": "p", "problem": "q", "flow_of_thought": "f",
-                       "principles": ["a"], "pitfalls": []})
+    good = json.dumps(
+        {
+            "type": "entry",
+            "problem_id": "p",
+            "problem": "q",
+            "flow_of_thought": "f",
+            "principles": ["a"],
+            "pitfalls": [],
+        }
+    )
     lines = [json.dumps({"type": "header", "schema_version": 1})] + [good] * 5001
     if bad == "newer-schema":
         lines.insert(5002, json.dumps({"type": "header", "schema_version": 99}))
@@ -260,8 +282,15 @@ def test_many_processes_creating_the_same_new_pool_at_once_all_succeed_and_stale
         stale.write_bytes(b"x")
         os.utime(stale, (time.time() - 3600, time.time() - 3600))
         start = time.time() + 1.5
-        procs = [subprocess.Popen([sys.executable, str(script), str(path), str(start)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(8)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, str(script), str(path), str(start)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(8)
+        ]
         results = [p.communicate(timeout=120) for p in procs]
         assert all(p.returncode == 0 for p in procs), [err[-1500:] for _, err in results if err]
         with ExperiencePool(path, readonly=True) as pool:

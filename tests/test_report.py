@@ -23,9 +23,18 @@ def trained_run(tiny_model_dir, tmp_path_factory):
     """A 3-step LANPO run with evaluation every 2 steps, logged to TensorBoard, its pool filled by canned summaries."""
     pytest.importorskip("tensorboard")
     tmp = tmp_path_factory.mktemp("report")
-    trainer = make_trainer(tiny_model_dir, tmp, max_steps=3, eval_every=2, eval_benchmarks="builtin:arith?split=test",
-                           eval_limit=4, eval_k=2, eval_modes="zero-shot,retrieval", report_to="tensorboard",
-                           log_samples=8)  # TensorBoard logs under RUN/runs/
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp,
+        max_steps=3,
+        eval_every=2,
+        eval_benchmarks="builtin:arith?split=test",
+        eval_limit=4,
+        eval_k=2,
+        eval_modes="zero-shot,retrieval",
+        report_to="tensorboard",
+        log_samples=8,
+    )  # TensorBoard logs under RUN/runs/
     stub_summaries(trainer)
     trainer.train()
     return Path(trainer.args.output_dir)
@@ -51,8 +60,16 @@ def test_evaluation_does_not_change_training(tiny_model_dir, tmp_path):
 
     plain = make_trainer(tiny_model_dir, tmp_path, name="plain", max_steps=2)
     plain.train()
-    evaluated = make_trainer(tiny_model_dir, tmp_path, name="eval", max_steps=2, eval_every=1,
-                             eval_benchmarks="builtin:arith?split=test", eval_limit=2, eval_k=1)
+    evaluated = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        name="eval",
+        max_steps=2,
+        eval_every=1,
+        eval_benchmarks="builtin:arith?split=test",
+        eval_limit=2,
+        eval_k=1,
+    )
     evaluated.train()
     for a, b in zip(plain.model.parameters(), evaluated.model.parameters()):
         assert torch.equal(a, b)
@@ -68,8 +85,12 @@ def test_report_to_tensorboard_receives_the_lanpo_and_eval_metrics(trained_run):
         acc = EventAccumulator(str(f))
         acc.Reload()
         tags |= set(acc.Tags()["scalars"])
-    for expected in ("train/lanpo/feedback_share", "train/lanpo/pool_size", "train/time/generate",
-                     "train/eval/arith/zero-shot/mean@2"):
+    for expected in (
+        "train/lanpo/feedback_share",
+        "train/lanpo/pool_size",
+        "train/time/generate",
+        "train/eval/arith/zero-shot/mean@2",
+    ):
         assert expected in tags, sorted(tags)
 
 
@@ -88,8 +109,11 @@ def test_report_is_one_self_contained_file_with_every_part(trained_run, tmp_path
     assert lanpo(["report", str(trained_run), "--out", str(out)]) == 0
     text = out.read_text()
     assert not re.search(r"""(src|href)=["']?https?:""", text) and "<link" not in text  # nothing fetched
-    data = json.loads(re.search(r'<script type="application/json" id="lanpo-data">(.*?)</script>', text,
-                                re.S).group(1).replace("<\\/", "</"))
+    data = json.loads(
+        re.search(r'<script type="application/json" id="lanpo-data">(.*?)</script>', text, re.S)
+        .group(1)
+        .replace("<\\/", "</")
+    )
     run = data["runs"][0]
     assert run["pool"]["entries"] and run["groups"] and "eval/arith/zero-shot/mean@2" in run["metrics"]
     assert run["config"] and len(run["metrics"]["reward"]) == 3
@@ -128,8 +152,7 @@ def _many_groups(run: Path, tmp_path: Path) -> Path:
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it when apt-get can)")
-def test_report_in_headless_chromium_a_user_searches_the_pool_and_clicks_through_the_rollouts(trained_run,
-                                                                                               tmp_path):
+def test_report_in_headless_chromium_a_user_searches_the_pool_and_clicks_through_the_rollouts(trained_run, tmp_path):
     """Driven as a user drives it (real clicks, typed text) over the DevTools protocol: no console error or
     uncaught exception on any tab, the search box finds exactly the entries whose text holds the query, the
     rollouts' pager and filters work; screenshots saved (runs/test-screenshots/)."""
@@ -142,8 +165,11 @@ def test_report_in_headless_chromium_a_user_searches_the_pool_and_clicks_through
         entries = pool.entries()
     target = entries[-1]
     query = target.problem_id.lower()  # the page's filter: any of these fields contains the query
-    expected = {e.id for e in entries if query in " ".join([e.problem, e.flow_of_thought, *e.principles, *e.pitfalls,
-                                                              e.problem_id]).lower()}
+    expected = {
+        e.id
+        for e in entries
+        if query in " ".join([e.problem, e.flow_of_thought, *e.principles, *e.pitfalls, e.problem_id]).lower()
+    }
     keep = Path(__file__).resolve().parents[1] / "runs" / "test-screenshots"
     keep.mkdir(parents=True, exist_ok=True)
     shown_ids = "[...document.querySelectorAll('.entry h3')].map(h => +h.textContent.match(/entry #(\\d+)/)[1])"
@@ -219,8 +245,14 @@ def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
     assert any("Earlier attempt" not in p for p in prompts)  # scratch rows: the plain prompt
 
 
-@given(st.lists(st.tuples(st.sampled_from(["feedback", "scratch", "reflection", "abstraction"]),
-                          st.floats(0, 1)), min_size=1, max_size=20), st.data())
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["feedback", "scratch", "reflection", "abstraction"]), st.floats(0, 1)),
+        min_size=1,
+        max_size=20,
+    ),
+    st.data(),
+)
 def test_reward_is_accuracy_holds_exactly_when_every_kind_agrees_at_every_step(points, data):
     from lanpo.run.runlog import reward_is_accuracy
 
@@ -239,8 +271,16 @@ def test_reward_and_accuracy_share_one_chart_only_when_every_run_has_them_equal(
     assert not shaped["reward_is_accuracy"]  # this run's reward adds a length bonus to the verifier's 0/1
     binary = tmp_path / "binary"
     binary.mkdir()
-    rows = [{"step": s, "reward/feedback/mean": v, "accuracy/feedback/mean": v, "reward/scratch/mean": 1 - v,
-             "accuracy/scratch/mean": 1 - v} for s, v in ((1, 0.25), (2, 0.5))]
+    rows = [
+        {
+            "step": s,
+            "reward/feedback/mean": v,
+            "accuracy/feedback/mean": v,
+            "reward/scratch/mean": 1 - v,
+            "accuracy/scratch/mean": 1 - v,
+        }
+        for s, v in ((1, 0.25), (2, 0.5))
+    ]
     (binary / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     binary = lanpo.report.page.collect(binary)
     assert binary["reward_is_accuracy"]
@@ -260,8 +300,16 @@ def test_evaluations_in_the_run_directory_are_listed_in_the_order_they_were_writ
     for i, name in enumerate(["eval-before", "eval-after", "eval-checkpoint-10"]):  # not alphabetical
         (tmp_path / name).mkdir()
         results = tmp_path / name / "results.json"
-        results.write_text(json.dumps({"model": name, "data": "d", "settings": {"k": 4},
-                                       "modes": {"zero-shot": {"metrics": {"mean@4": i / 4}}}}))
+        results.write_text(
+            json.dumps(
+                {
+                    "model": name,
+                    "data": "d",
+                    "settings": {"k": 4},
+                    "modes": {"zero-shot": {"metrics": {"mean@4": i / 4}}},
+                }
+            )
+        )
         os.utime(results, (1_000_000 + i, 1_000_000 + i))
     (tmp_path / "eval-broken").mkdir()
     (tmp_path / "eval-broken" / "results.json").write_text("{not json")  # skipped, not a crash
@@ -281,9 +329,11 @@ def test_held_out_chart_draws_only_mean_at_k_and_the_table_gives_its_error_and_p
     logged = [json.loads(x) for x in (trained_run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in run["eval_table"]] == [r["step"] for r in logged if "eval/seconds" in r] == [0, 2]
     for table_row, row in zip(run["eval_table"], (r for r in logged if "eval/seconds" in r)):
-        assert table_row["cells"]["arith/zero-shot/mean@2"] == [row["eval/arith/zero-shot/mean@2"],
-                                                                 row["eval/arith/zero-shot/mean@2_stderr"],
-                                                                 row["eval/arith/zero-shot/pass@2"]]
+        assert table_row["cells"]["arith/zero-shot/mean@2"] == [
+            row["eval/arith/zero-shot/mean@2"],
+            row["eval/arith/zero-shot/mean@2_stderr"],
+            row["eval/arith/zero-shot/pass@2"],
+        ]
 
 
 def test_report_serve_serves_the_written_file_on_a_free_port(trained_run, tmp_path):
@@ -291,8 +341,12 @@ def test_report_serve_serves_the_written_file_on_a_free_port(trained_run, tmp_pa
     import urllib.request
 
     out = tmp_path / "served.html"
-    proc = subprocess.Popen([sys.executable, "-m", "lanpo.cli", "report", str(trained_run), "--out", str(out),
-                             "--serve", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lanpo.cli", "report", str(trained_run), "--out", str(out), "--serve", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines = []
         while not any(line.startswith("Serving ") for line in lines):
@@ -314,7 +368,9 @@ def test_the_browser_helper_runs_in_a_fresh_process_whose_own_pipes_take_fds_3_a
 
     page = tmp_path / "page.html"
     page.write_text('<html><body data-tab="x"><p id="p">hello</p></body></html>')
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom helpers.browser import Browser\n"
-            f"with Browser() as b:\n    b.open({page.as_uri()!r})\n    print(b.js(\"document.getElementById('p').textContent\"))")
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom helpers.browser import Browser\n"
+        f"with Browser() as b:\n    b.open({page.as_uri()!r})\n    print(b.js(\"document.getElementById('p').textContent\"))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "hello", done.stderr[-2000:]

@@ -19,8 +19,12 @@ TEXTS = [
 
 
 def make_entries(texts=TEXTS):
-    return [PoolEntry(problem_id=pid, problem=problem, flow_of_thought="", principles=principles,
-                      pitfalls=["do not forget units"]) for pid, problem, principles in texts]
+    return [
+        PoolEntry(
+            problem_id=pid, problem=problem, flow_of_thought="", principles=principles, pitfalls=["do not forget units"]
+        )
+        for pid, problem, principles in texts
+    ]
 
 
 def test_incremental_bm25_scores_equal_bm25s_lucene():
@@ -34,8 +38,10 @@ def test_incremental_bm25_scores_equal_bm25s_lucene():
     index.add(pool.entries())
     corpus = [entry_text(e) for e in pool.entries()]
     reference = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
-    reference.index(index.tokenizer.tokenize(corpus, update_vocab=False, return_as="tuple", show_progress=False),
-                    show_progress=False)
+    reference.index(
+        index.tokenizer.tokenize(corpus, update_vocab=False, return_as="tuple", show_progress=False),
+        show_progress=False,
+    )
     for query in ["apples bought at the market", "area of a rectangle garden", "train speed"]:
         ours = dict(index.search(query, k=len(corpus)))
         q = index.tokenizer.tokenize([query], update_vocab=False, return_as="ids", show_progress=False)[0]
@@ -49,8 +55,17 @@ def test_index_follows_evictions_exactly():
     retriever = Retriever(pool, "bm25", gamma=0.0, top_k=5, candidates=5)
     pool.add(make_entries())
     old = pool.entries("p1")[0]
-    pool.add([PoolEntry(problem_id="p1", problem="a brand new kite question", flow_of_thought="",
-                        principles=["kites fly"], pitfalls=[])])
+    pool.add(
+        [
+            PoolEntry(
+                problem_id="p1",
+                problem="a brand new kite question",
+                flow_of_thought="",
+                principles=["kites fly"],
+                pitfalls=[],
+            )
+        ]
+    )
     ids = [r.entry.id for r in retriever.retrieve("q", "apples")]
     assert old.id not in ids
     fresh = BM25Index()
@@ -72,8 +87,9 @@ def test_bm25_relevance_is_in_unit_interval_and_one_for_identical_text():
     pool = ExperiencePool()
     retriever = Retriever(pool, "bm25", gamma=0.0, top_k=6, candidates=6)
     pool.add(make_entries())
-    twin = PoolEntry(problem_id="twin", problem="train travels miles per hour", flow_of_thought="",
-                     principles=[], pitfalls=[])
+    twin = PoolEntry(
+        problem_id="twin", problem="train travels miles per hour", flow_of_thought="", principles=[], pitfalls=[]
+    )
     pool.add([twin])
     results = retriever.retrieve("new", "train travels miles per hour")
     assert all(0.0 <= r.relevance <= 1.0 for r in results)
@@ -134,8 +150,12 @@ def test_embedding_scorer_ranks_paraphrases_above_unrelated_text():
 
     scorer = EmbeddingScorer()
     entries = make_entries()
-    scores = dict(zip([e.problem_id for e in entries],
-                      scorer.score("A rectangular field is 3 wide and 8 long. What is its area?", entries, [0] * 6)))
+    scores = dict(
+        zip(
+            [e.problem_id for e in entries],
+            scorer.score("A rectangular field is 3 wide and 8 long. What is its area?", entries, [0] * 6),
+        )
+    )
     assert all(0.0 <= s <= 1.0 for s in scores.values())
     assert scores["p2"] > scores["p4"] and scores["p6"] > scores["p5"]
 
@@ -166,8 +186,9 @@ def brute_force_top_k(index: BM25Index, query: str, k: int, exclude_problem=None
                 norm = index.k1 * ((1 - index.b) + index.b * index._lengths.data[d] / avgdl)
                 entry_id = int(index._entry_ids.data[d])
                 scores[entry_id] = scores.get(entry_id, 0.0) + idf * tf / (tf + norm)
-    ranked = sorted(((s, e) for e, s in scores.items() if problem_of[e] != exclude_problem and s > 0),
-                    key=lambda x: (-x[0], x[1]))
+    ranked = sorted(
+        ((s, e) for e, s in scores.items() if problem_of[e] != exclude_problem and s > 0), key=lambda x: (-x[0], x[1])
+    )
     return ranked[:k]
 
 
@@ -180,9 +201,18 @@ def test_maxscore_top_k_equals_brute_force_on_a_zipf_corpus():
     pool = ExperiencePool(cap_per_problem=3)
     retriever = Retriever(pool, "bm25", gamma=0.0, top_k=8, candidates=8)
     for _ in range(6):  # several inserts, with evictions along the way (cap 3 per problem)
-        pool.add([PoolEntry(problem_id=f"p{rng.randrange(600)}", problem=" ".join(rng.choices(vocab, weights, k=12)),
-                            flow_of_thought="", principles=[" ".join(rng.choices(vocab, weights, k=6))], pitfalls=[])
-                  for _ in range(500)])
+        pool.add(
+            [
+                PoolEntry(
+                    problem_id=f"p{rng.randrange(600)}",
+                    problem=" ".join(rng.choices(vocab, weights, k=12)),
+                    flow_of_thought="",
+                    principles=[" ".join(rng.choices(vocab, weights, k=6))],
+                    pitfalls=[],
+                )
+                for _ in range(500)
+            ]
+        )
     problem_of = {e.id: e.problem_id for e in pool.entries()}
     for q in range(60):
         query = " ".join(rng.choices(vocab, weights, k=rng.randint(1, 15)))
@@ -211,12 +241,17 @@ def test_bm25s_import_keeps_jax_from_reserving_the_gpu(tmp_path, preset):
         "import os\n"
         "def top_k(x, k):\n"
         f"    open({str(tmp_path / 'seen.txt')!r}, 'a').write(str(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE')))\n"
-        "    return x[:k], list(range(k))\n")
+        "    return x[:k], list(range(k))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "XLA_PYTHON_CLIENT_PREALLOCATE"}
     if preset:
         env["XLA_PYTHON_CLIENT_PREALLOCATE"] = preset
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "fake"), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", "from lanpo.pool.bm25 import BM25Index; BM25Index()"], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "from lanpo.pool.bm25 import BM25Index; BM25Index()"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "seen.txt").read_text() == (preset or "false")

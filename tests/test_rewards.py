@@ -16,26 +16,37 @@ def verifier():
         yield v
 
 
-@pytest.mark.parametrize("text,mode,expected", [
-    ("so \\boxed{7}.", "boxed", "7"),
-    ("first \\boxed{3} then \\boxed{\\frac{1}{2}}", "boxed", None),  # several boxed values: a hedge
-    ("The answer is 12.", "boxed", None),
-    ("The answer is 12.", "lenient", "12"),
-    ("Final answer: -3.5", "lenient", "-3.5"),
-    ("we get 2, then 1,234 apples", "lenient", "1234"),
-    ("3 + 4 = 7 and 2,", "lenient", "2"),
-    ("#### 56", "lenient", "56"),
-    ("no numbers at all", "lenient", None),
-    ("\\boxed{9} beats a later 10", "lenient", "9"),
-])
+@pytest.mark.parametrize(
+    "text,mode,expected",
+    [
+        ("so \\boxed{7}.", "boxed", "7"),
+        ("first \\boxed{3} then \\boxed{\\frac{1}{2}}", "boxed", None),  # several boxed values: a hedge
+        ("The answer is 12.", "boxed", None),
+        ("The answer is 12.", "lenient", "12"),
+        ("Final answer: -3.5", "lenient", "-3.5"),
+        ("we get 2, then 1,234 apples", "lenient", "1234"),
+        ("3 + 4 = 7 and 2,", "lenient", "2"),
+        ("#### 56", "lenient", "56"),
+        ("no numbers at all", "lenient", None),
+        ("\\boxed{9} beats a later 10", "lenient", "9"),
+    ],
+)
 def test_extract_answer(text, mode, expected):
     assert extract_answer(text, mode) == expected
 
 
-@pytest.mark.parametrize("gold,pred", [
-    ("18", "18"), ("18", "18.0"), ("1,000", "1000"), ("\\frac{1}{2}", "0.5"), ("\\frac{1}{2}", "\\dfrac{1}{2}"),
-    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"), ("2\\sqrt{2}", "\\sqrt{8}"),
-])
+@pytest.mark.parametrize(
+    "gold,pred",
+    [
+        ("18", "18"),
+        ("18", "18.0"),
+        ("1,000", "1000"),
+        ("\\frac{1}{2}", "0.5"),
+        ("\\frac{1}{2}", "\\dfrac{1}{2}"),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})"),
+        ("2\\sqrt{2}", "\\sqrt{8}"),
+    ],
+)
 def test_equivalent_answers_score_one(verifier, gold, pred):
     assert verifier.score([gold], [pred]) == [1.0]
 
@@ -83,8 +94,9 @@ def test_trl_reward_function_accepts_conversational_completions(verifier):
     reward = make_accuracy_reward(verifier)
     logged = {}
     completions = [[{"role": "assistant", "content": "\\boxed{3}"}], [{"role": "assistant", "content": "no"}]]
-    scores = reward(prompts=None, completions=completions, answer=["3", "3"],
-                    log_metric=lambda k, v: logged.setdefault(k, v))
+    scores = reward(
+        prompts=None, completions=completions, answer=["3", "3"], log_metric=lambda k, v: logged.setdefault(k, v)
+    )
     assert scores == [1.0, 0.0]
     assert reward.__name__ == "accuracy"
     assert logged["verifier/no_answer_rate"] == 0.5

@@ -25,10 +25,22 @@ SCRIPT = Path(__file__).parent / "helpers" / "train_script.py"
 
 
 def tiny_args(model_dir: Path, run: Path, **overrides) -> list[str]:
-    settings = {"model_name_or_path": model_dir, "data": "builtin:arith?n=8", "output_dir": run,
-                "num_generations": 4, "per_device_train_batch_size": 8, "max_completion_length": 8,
-                "max_steps": 2, "logging_steps": 1, "save_steps": 1, "relevance_scorer": "bm25",
-                "relevance_threshold": 0.0, "disable_tqdm": "true", "seed": 0, **overrides}
+    settings = {
+        "model_name_or_path": model_dir,
+        "data": "builtin:arith?n=8",
+        "output_dir": run,
+        "num_generations": 4,
+        "per_device_train_batch_size": 8,
+        "max_completion_length": 8,
+        "max_steps": 2,
+        "logging_steps": 1,
+        "save_steps": 1,
+        "relevance_scorer": "bm25",
+        "relevance_threshold": 0.0,
+        "disable_tqdm": "true",
+        "seed": 0,
+        **overrides,
+    }
     return [x for k, v in settings.items() for x in (f"--{k}", str(v))]
 
 
@@ -57,8 +69,7 @@ def test_a_minimal_yaml_gets_the_library_defaults_not_the_demo_ones(tmp_path, ca
     assert not (tmp_path / "runs").exists() and "generation_batch_size" not in resolved
 
 
-def test_resume_restores_the_run_settings_and_refuses_changes_that_make_another_run(tiny_model_dir, tmp_path,
-                                                                                     capsys):
+def test_resume_restores_the_run_settings_and_refuses_changes_that_make_another_run(tiny_model_dir, tmp_path, capsys):
     run = tmp_path / "run"
     assert main(["train", *tiny_args(tiny_model_dir, run)]) == 0
     assert main(["train", "--output_dir", str(run), "--resume", "latest", "--num_generations", "2"]) == 2
@@ -100,8 +111,19 @@ def test_push_to_hub_offline_fails_clearly_before_any_model_loads(tmp_path, caps
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-    code = main(["train", "--model_name_or_path", "Qwen/Qwen2.5-7B-Instruct", "--output_dir", str(tmp_path / "r"),
-                 "--push_to_hub", "true", "--hub_model_id", "me/x"])
+    code = main(
+        [
+            "train",
+            "--model_name_or_path",
+            "Qwen/Qwen2.5-7B-Instruct",
+            "--output_dir",
+            str(tmp_path / "r"),
+            "--push_to_hub",
+            "true",
+            "--hub_model_id",
+            "me/x",
+        ]
+    )
     assert code == 2 and "offline" in capsys.readouterr().err and not (tmp_path / "r").exists()
 
 
@@ -129,12 +151,30 @@ def free_port() -> int:
 
 
 def _script(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
-    launch = [sys.executable, str(SCRIPT)] if processes == 1 else [
-        sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", str(free_port()),
-        "--num_processes", str(processes),
-        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(SCRIPT)]
-    return subprocess.run(launch + args, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **env})
+    launch = (
+        [sys.executable, str(SCRIPT)]
+        if processes == 1
+        else [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--main_process_port",
+            str(free_port()),
+            "--num_processes",
+            str(processes),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            str(SCRIPT),
+        ]
+    )
+    return subprocess.run(
+        launch + args, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}
+    )
 
 
 def _report(folder: Path, processes: int) -> list[dict]:
@@ -143,8 +183,7 @@ def _report(folder: Path, processes: int) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["step:3", "save:2"])
-def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_nothing(tiny_model_dir, tmp_path,
-                                                                                      kill):
+def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_nothing(tiny_model_dir, tmp_path, kill):
     reference, run = tmp_path / "reference", tmp_path / "run"
     args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
     done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref")})
@@ -163,10 +202,11 @@ def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_no
 @pytest.mark.slow
 def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending_trial(tiny_model_dir, tmp_path):
     run, reference = tmp_path / "run", tmp_path / "reference"
-    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4, per_device_train_batch_size=4,  # noqa: E731
-                                 advantage_grouping="separate")
-    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref"), "LANPO_LENGTH_REWARD": "1"},
-                   processes=2)
+
+    def args(out):
+        return tiny_args(tiny_model_dir, out, max_steps=4, per_device_train_batch_size=4, advantage_grouping="separate")
+
+    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref"), "LANPO_LENGTH_REWARD": "1"}, processes=2)
     assert done.returncode == 0, done.stderr[-4000:]
     # separate advantages by value: the whole batch's (both processes') rewards, each process its own slice
     import torch
@@ -181,8 +221,11 @@ def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending
     assert expected.abs().sum() > 0
     killed = _script(args(run), {"LANPO_KILL_AT": "step:3", "LANPO_LENGTH_REWARD": "1"}, processes=2)
     assert killed.returncode != 0 and (run / "checkpoint-2" / "lanpo_state_rank1.json").is_file()
-    resumed = _script(["--output_dir", str(run), "--resume", "latest"],
-                      {"LANPO_REPORT": str(tmp_path / "res"), "LANPO_LENGTH_REWARD": "1"}, processes=2)
+    resumed = _script(
+        ["--output_dir", str(run), "--resume", "latest"],
+        {"LANPO_REPORT": str(tmp_path / "res"), "LANPO_LENGTH_REWARD": "1"},
+        processes=2,
+    )
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     res = _report(tmp_path / "res", 2)
     assert res[0]["world_size"] == 2 and res[0]["digest"] == res[1]["digest"] == ref[0]["digest"]
@@ -216,20 +259,49 @@ def test_a_finished_train_destroys_its_process_group_and_a_failed_one_leaves_it(
             dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_trains_one_step_on_a_tiny_model(config, tiny_model_dir, tmp_path):
     overrides = tiny_args(tiny_model_dir, tmp_path / "run", max_steps=1) + [
-        "--use_vllm", "false", "--use_peft", "false", "--bf16", "false", "--gradient_checkpointing", "false",
-        "--use_cpu", "true", "--report_to", "none", "--data_dir", "", "--data_limit", "8",
-        "--vllm_mode", "colocate", "--dtype", "float32"]
+        "--use_vllm",
+        "false",
+        "--use_peft",
+        "false",
+        "--bf16",
+        "false",
+        "--gradient_checkpointing",
+        "false",
+        "--use_cpu",
+        "true",
+        "--report_to",
+        "none",
+        "--data_dir",
+        "",
+        "--data_limit",
+        "8",
+        "--vllm_mode",
+        "colocate",
+        "--dtype",
+        "float32",
+    ]
     assert main(["train", "--config", str(config), *overrides]) == 0
     assert (tmp_path / "run" / "final" / "config.json").is_file()
 
 
-FSDP = ["--use_fsdp", "--fsdp_sharding_strategy", "FULL_SHARD", "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP",
-        "--fsdp_transformer_layer_cls_to_wrap", "LlamaDecoderLayer", "--fsdp_state_dict_type", "SHARDED_STATE_DICT",
-        "--fsdp_sync_module_states", "false", "--fsdp_cpu_ram_efficient_loading", "false"]
+FSDP = [
+    "--use_fsdp",
+    "--fsdp_sharding_strategy",
+    "FULL_SHARD",
+    "--fsdp_auto_wrap_policy",
+    "TRANSFORMER_BASED_WRAP",
+    "--fsdp_transformer_layer_cls_to_wrap",
+    "LlamaDecoderLayer",
+    "--fsdp_state_dict_type",
+    "SHARDED_STATE_DICT",
+    "--fsdp_sync_module_states",
+    "false",
+    "--fsdp_cpu_ram_efficient_loading",
+    "false",
+]
 
 
 @pytest.mark.slow
@@ -239,13 +311,31 @@ def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()),
-              "--num_processes", "2", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no", *FSDP, str(SCRIPT),
-              *tiny_args(tiny_model_dir, run, per_device_train_batch_size=4, learning_rate=1e-2)]
-    done = subprocess.run(launch, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "LANPO_REPORT": str(tmp_path / "rep"),
-                               "LANPO_LENGTH_REWARD": "1"})
+    launch = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--main_process_port",
+        str(free_port()),
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        *FSDP,
+        str(SCRIPT),
+        *tiny_args(tiny_model_dir, run, per_device_train_batch_size=4, learning_rate=1e-2),
+    ]
+    done = subprocess.run(
+        launch,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "LANPO_REPORT": str(tmp_path / "rep"), "LANPO_LENGTH_REWARD": "1"},
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     ranks = _report(tmp_path / "rep", 2)
     assert ranks[0]["world_size"] == 2 and ranks[0]["digest"] == ranks[1]["digest"] and ranks[0]["rollout_ids"]
@@ -260,8 +350,9 @@ def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_
 Usage = namedtuple("Usage", "total used free")
 
 
-def test_a_checkpoint_save_on_a_full_disk_names_it_removes_the_half_save_and_resumes(tiny_model_dir, tmp_path,
-                                                                                    monkeypatch, capsys):
+def test_a_checkpoint_save_on_a_full_disk_names_it_removes_the_half_save_and_resumes(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     import torch
 
     run, save = tmp_path / "run", torch.save
@@ -284,17 +375,27 @@ def test_a_checkpoint_save_on_a_full_disk_names_it_removes_the_half_save_and_res
 
 
 ERRORS = st.one_of(
-    st.builds(lambda n, text: OSError(n, text), st.sampled_from([errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS]),
-              st.text(max_size=30)),
-    st.builds(RuntimeError, st.sampled_from(["[enforce fail at inline_container.cc:672] . unexpected pos 12 vs 10",
-                                             "PytorchStreamWriter failed writing file data/3: file write failed",
-                                             "CUDA error: device-side assert"])),
-    st.builds(sqlite3.OperationalError, st.sampled_from(["database or disk is full", "disk I/O error"])))
+    st.builds(
+        lambda n, text: OSError(n, text),
+        st.sampled_from([errno.ENOSPC, errno.EIO, errno.EACCES, errno.EROFS]),
+        st.text(max_size=30),
+    ),
+    st.builds(
+        RuntimeError,
+        st.sampled_from(
+            [
+                "[enforce fail at inline_container.cc:672] . unexpected pos 12 vs 10",
+                "PytorchStreamWriter failed writing file data/3: file write failed",
+                "CUDA error: device-side assert",
+            ]
+        ),
+    ),
+    st.builds(sqlite3.OperationalError, st.sampled_from(["database or disk is full", "disk I/O error"])),
+)
 
 
 @given(error=ERRORS, free=st.integers(0, 10**13), last_bytes=st.one_of(st.none(), st.integers(1, 5000)))
-def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_when_it_is_one(error, free,
-                                                                                              last_bytes):
+def test_every_failed_save_is_named_with_its_resume_point_and_a_full_disk_only_when_it_is_one(error, free, last_bytes):
     from lanpo.run import checkpoints
 
     with tempfile.TemporaryDirectory() as folder:
@@ -333,8 +434,9 @@ def test_an_error_that_is_not_a_write_failure_passes_through_a_save_unchanged(tm
             raise ValueError("a bug")
 
 
-def test_a_first_checkpoint_that_fails_says_how_to_start_again_and_that_command_runs(tiny_model_dir, tmp_path,
-                                                                                     monkeypatch, capsys):
+def test_a_first_checkpoint_that_fails_says_how_to_start_again_and_that_command_runs(
+    tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     import torch
 
     run, save = tmp_path / "run", torch.save
@@ -356,12 +458,14 @@ def test_a_first_checkpoint_that_fails_says_how_to_start_again_and_that_command_
 
 # -- nothing lost, round three (issue 37) -------------------------------------------------------------------------
 
+
 def _samples_steps(run: Path, log: str = "samples.jsonl") -> list[int]:
     return sorted(json.loads(line)["step"] for line in (run / log).read_text().splitlines())
 
 
 def test_resuming_a_finished_run_does_nothing_and_a_missing_final_model_is_written_without_training(
-        tiny_model_dir, tmp_path, caplog):
+    tiny_model_dir, tmp_path, caplog
+):
     caplog.set_level("INFO", logger="lanpo")
     run = tmp_path / "run"
     assert main(["train", *tiny_args(tiny_model_dir, run)]) == 0
@@ -413,7 +517,8 @@ def test_samples_and_retrievals_after_two_killed_resumes_equal_an_uninterrupted_
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["step:2", "save:2"])
 def test_ctrl_c_mid_step_or_mid_save_says_where_the_run_stands_in_one_line_and_resume_loses_nothing(
-        tiny_model_dir, tmp_path, where):
+    tiny_model_dir, tmp_path, where
+):
     reference, run = tmp_path / "reference", tmp_path / "run"
     args = lambda out: tiny_args(tiny_model_dir, out, max_steps=3)  # noqa: E731
     done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref")})

@@ -16,7 +16,9 @@ from lanpo.launch.sft_data import EndpointTeacher, build_sft_data
 from lanpo.prompts import SUMMARY_PREFILL, parse_summary
 
 PROBLEMS = builtin_arith("1", n=24, seed=3)
-SUMMARY = SUMMARY_PREFILL + " add the numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"
+SUMMARY = (
+    SUMMARY_PREFILL + " add the numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"
+)
 
 
 def _value(text: str) -> int | None:
@@ -51,8 +53,11 @@ class StubTeacher:
             if messages[-1]["role"] == "assistant":  # summary (prefilled)
                 replies.append(SUMMARY if k % 3 else "no idea")
             elif "### Earlier attempt" in text:  # reflection
-                replies.append(f"The reward says so. \\boxed{{{truth}}}" if k % 4 == 0 else
-                               f"Checking each step: fine. \\boxed{{{truth}}}")
+                replies.append(
+                    f"The reward says so. \\boxed{{{truth}}}"
+                    if k % 4 == 0
+                    else f"Checking each step: fine. \\boxed{{{truth}}}"
+                )
             elif "### Lesson" in text:  # using feedback
                 replies.append(f"The first lesson applies. \\boxed{{{truth}}}")
             else:  # plain solving: wrong on every other try
@@ -89,12 +94,16 @@ def test_unparseable_summaries_and_label_talk_are_dropped_with_reasons(tmp_path)
     class Bad(StubTeacher):
         def __call__(self, prompts):
             replies = super().__call__(prompts)
-            return ["garbage" if p[-1]["role"] == "assistant" else
-                    "The reward model says \\boxed{1}" if "### Earlier attempt" in p[0]["content"] else r
-                    for p, r in zip(prompts, replies)]
+            return [
+                "garbage"
+                if p[-1]["role"] == "assistant"
+                else "The reward model says \\boxed{1}"
+                if "### Earlier attempt" in p[0]["content"]
+                else r
+                for p, r in zip(prompts, replies)
+            ]
 
-    report = build_sft_data(PROBLEMS[:8], Bad(), tmp_path / "bad.jsonl", n=30, tries=2, batch_size=8,
-                            progress=False)
+    report = build_sft_data(PROBLEMS[:8], Bad(), tmp_path / "bad.jsonl", n=30, tries=2, batch_size=8, progress=False)
     assert report.kept["summarize"] == 0 and report.dropped["summarize"]["summary does not parse"] > 0
     assert report.kept["reflect"] == 0
     assert report.dropped["feedback"]["no lessons of other problems yet"] > 0
@@ -108,7 +117,7 @@ def test_interrupted_build_resumes_without_redoing_work(tmp_path):
     assert first  # what was made before the interruption is kept
     report = build_sft_data(PROBLEMS, StubTeacher(), out, n=45, tries=2, batch_size=4, progress=False)
     examples = [json.loads(x) for x in out.read_text().splitlines()]
-    assert examples[:len(first)] == first
+    assert examples[: len(first)] == first
     pairs = [(e["problem_id"], e["skill"]) for e in examples]
     assert len(pairs) == len(set(pairs))  # nothing built twice
     assert sum(report.kept.values()) == len(examples)
@@ -147,9 +156,13 @@ def test_openai_compatible_endpoint_teacher():
     thread.start()
     try:
         teacher = EndpointTeacher(f"http://127.0.0.1:{server.server_port}/v1", "big-model", retries=1)
-        replies = teacher([[{"role": "user", "content": "1 + 2?"}],
-                           [{"role": "user", "content": "sum up"}, {"role": "assistant", "content": "FLOW:"}],
-                           [{"role": "user", "content": "FAIL please"}]])
+        replies = teacher(
+            [
+                [{"role": "user", "content": "1 + 2?"}],
+                [{"role": "user", "content": "sum up"}, {"role": "assistant", "content": "FLOW:"}],
+                [{"role": "user", "content": "FAIL please"}],
+            ]
+        )
     finally:
         server.shutdown()
     assert replies[0] == "\\boxed{3}"
@@ -165,14 +178,57 @@ def test_sft_lowers_the_loss_and_its_model_trains_with_lanpo(tiny_model_dir, tmp
 
     data = tmp_path / "sft.jsonl"
     build_sft_data(PROBLEMS, StubTeacher(), data, n=24, tries=2, batch_size=8, progress=False)
-    final = run_sft(["--data", str(data), "--model_name_or_path", str(tiny_model_dir), "--output_dir",
-                     str(tmp_path / "sft"), "--max_steps", "12", "--learning_rate", "3e-3", "--logging_steps", "1",
-                     "--per_device_train_batch_size", "4", "--disable_tqdm", "true", "--lr_scheduler_type",
-                     "constant", "--warmup_steps", "0"])
+    final = run_sft(
+        [
+            "--data",
+            str(data),
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--output_dir",
+            str(tmp_path / "sft"),
+            "--max_steps",
+            "12",
+            "--learning_rate",
+            "3e-3",
+            "--logging_steps",
+            "1",
+            "--per_device_train_batch_size",
+            "4",
+            "--disable_tqdm",
+            "true",
+            "--lr_scheduler_type",
+            "constant",
+            "--warmup_steps",
+            "0",
+        ]
+    )
     assert (final / "config.json").is_file()
     log = [json.loads(x) for x in (tmp_path / "sft" / "metrics.jsonl").read_text().splitlines()]
     losses = [h["loss"] for h in log if "loss" in h]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
-    assert main(["train", "--model", str(final), "--data", "builtin:arith?n=8", "--output_dir", str(tmp_path / "rl"),
-                 "--max_steps", "1", "--num_generations", "4", "--per_device_train_batch_size", "4",
-                 "--max_completion_length", "8", "--relevance_scorer", "bm25", "--disable_tqdm", "true"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                str(final),
+                "--data",
+                "builtin:arith?n=8",
+                "--output_dir",
+                str(tmp_path / "rl"),
+                "--max_steps",
+                "1",
+                "--num_generations",
+                "4",
+                "--per_device_train_batch_size",
+                "4",
+                "--max_completion_length",
+                "8",
+                "--relevance_scorer",
+                "bm25",
+                "--disable_tqdm",
+                "true",
+            ]
+        )
+        == 0
+    )

@@ -26,10 +26,24 @@ def length_reward(completions, **kwargs) -> list[float]:
 
 
 def common(tmp_path: Path, name: str = "run", **overrides) -> dict:
-    settings = dict(output_dir=str(tmp_path / name), use_cpu=True, bf16=False, num_generations=4,
-                    per_device_train_batch_size=8, max_completion_length=8, max_steps=2, learning_rate=1e-3,
-                    beta=0.04, logging_steps=1, save_strategy="no", report_to="none", seed=0,
-                    gradient_checkpointing=False, temperature=1.0, disable_tqdm=True)
+    settings = dict(
+        output_dir=str(tmp_path / name),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=8,
+        max_steps=2,
+        learning_rate=1e-3,
+        beta=0.04,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        gradient_checkpointing=False,
+        temperature=1.0,
+        disable_tqdm=True,
+    )
     settings.update(overrides)
     return settings
 
@@ -39,9 +53,13 @@ def make_trainer(model_dir, tmp_path, name="run", reward_funcs=None, problems=8,
 
     lanpo_defaults = dict(relevance_scorer="bm25", relevance_threshold=0.0, summaries_per_group=1)
     args = LanpoConfig(**{**lanpo_defaults, **common(tmp_path, name, **overrides)})
-    return LanpoTrainer(model=str(model_dir), reward_funcs=reward_funcs or [length_reward], args=args,
-                        train_dataset=to_prompt_dataset(builtin_arith("1", n=problems)),
-                        processing_class=load_tokenizer(str(model_dir)))
+    return LanpoTrainer(
+        model=str(model_dir),
+        reward_funcs=reward_funcs or [length_reward],
+        args=args,
+        train_dataset=to_prompt_dataset(builtin_arith("1", n=problems)),
+        processing_class=load_tokenizer(str(model_dir)),
+    )
 
 
 def stub_summaries(trainer) -> None:
@@ -87,9 +105,13 @@ def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
     dataset = to_prompt_dataset(builtin_arith("1", n=8))
-    grpo = GRPOTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward],
-                       args=GRPOConfig(**common(tmp_path, "grpo", max_steps=3)), train_dataset=dataset,
-                       processing_class=load_tokenizer(str(tiny_model_dir)))
+    grpo = GRPOTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[length_reward],
+        args=GRPOConfig(**common(tmp_path, "grpo", max_steps=3)),
+        train_dataset=dataset,
+        processing_class=load_tokenizer(str(tiny_model_dir)),
+    )
     grpo.train()
     # p_t = 0 with the pool being built all along (summaries generated under a forked RNG)
     lanpo = make_trainer(tiny_model_dir, tmp_path, "lanpo", feedback_ratio=0.0, summaries_per_group=2, max_steps=3)
@@ -103,8 +125,7 @@ def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path):
     assert history(lanpo, "lanpo/feedback_share") == [0.0, 0.0, 0.0]
 
 
-def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live(tiny_model_dir, tmp_path,
-                                                                                  monkeypatch):
+def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live(tiny_model_dir, tmp_path, monkeypatch):
     trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
     trainer.train()
     reflected = [r for r in trainer._rows if r.kind == "reflection" and r.has_feedback]
@@ -144,37 +165,49 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     assert history(full, "retrieval/hit_rate") == history(resumed, "retrieval/hit_rate")
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("feedback_ratio", 1.5, "feedback_ratio must be in"),
-    ("reflection_share", -0.1, "reflection_share must be in"),
-    ("relevance_threshold", 2.0, "relevance_threshold must be in"),
-    ("num_generations", 1, "num_generations"),
-    ("per_device_train_batch_size", 6, "(divisible by|a multiple of) num_generations"),
-    ("relevance_scorer", "vibes", "relevance_scorer must be one of"),
-    ("context_in_loss", "drop", "context_in_loss must be one of"),
-    ("feedback_schedule", "linear", "feedback_warmup_steps"),
-    ("summaries_per_group", 9, "summaries_per_group"),
-    ("summary_max_length", 0, "summary_max_length must be >= 1"),
-    ("shaping_gamma", 0.0, "shaping_gamma must be > 0"),
-    ("advantage_grouping", "vibes", "advantage_grouping must be one of"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        ("feedback_ratio", 1.5, "feedback_ratio must be in"),
+        ("reflection_share", -0.1, "reflection_share must be in"),
+        ("relevance_threshold", 2.0, "relevance_threshold must be in"),
+        ("num_generations", 1, "num_generations"),
+        ("per_device_train_batch_size", 6, "(divisible by|a multiple of) num_generations"),
+        ("relevance_scorer", "vibes", "relevance_scorer must be one of"),
+        ("context_in_loss", "drop", "context_in_loss must be one of"),
+        ("feedback_schedule", "linear", "feedback_warmup_steps"),
+        ("summaries_per_group", 9, "summaries_per_group"),
+        ("summary_max_length", 0, "summary_max_length must be >= 1"),
+        ("shaping_gamma", 0.0, "shaping_gamma must be > 0"),
+        ("advantage_grouping", "vibes", "advantage_grouping must be one of"),
+    ],
+)
 def test_invalid_config_fails_before_any_model_loads(tmp_path, field, value, message):
     with pytest.raises(ValueError, match=message):
         LanpoConfig(**{**common(tmp_path), field: value})
 
 
-@pytest.mark.parametrize("ratio, share, source, warned", [
-    (1.0, 0.5, "auto", True), (1.0, 0.5, "step", True), (1.0, 0.5, "pool", False),  # pool: stored attempts only
-    (1.0, 0.0, "auto", False),  # abstraction only: nothing to reflect on is needed
-    (0.75, 0.5, "auto", False), (0.95, 0.5, "auto", True),  # 0.95 of 8 rounds to 8: no scratch row either
-])
-def test_warns_when_reflection_rows_have_no_scratch_rows_to_reflect_on(tmp_path, caplog, ratio, share, source,
-                                                                      warned):
+@pytest.mark.parametrize(
+    "ratio, share, source, warned",
+    [
+        (1.0, 0.5, "auto", True),
+        (1.0, 0.5, "step", True),
+        (1.0, 0.5, "pool", False),  # pool: stored attempts only
+        (1.0, 0.0, "auto", False),  # abstraction only: nothing to reflect on is needed
+        (0.75, 0.5, "auto", False),
+        (0.95, 0.5, "auto", True),  # 0.95 of 8 rounds to 8: no scratch row either
+    ],
+)
+def test_warns_when_reflection_rows_have_no_scratch_rows_to_reflect_on(tmp_path, caplog, ratio, share, source, warned):
     """p_t = 1.0: a new problem's reflection rows fall back to the plain prompt; the user is told before the run
     that the realized p_t stays below the planned one until the pool holds attempts."""
     with caplog.at_level("WARNING", logger="lanpo.config"):
-        LanpoConfig(**common(tmp_path, num_generations=8, per_device_train_batch_size=8), feedback_ratio=ratio,
-                    reflection_share=share, reflection_source=source)
+        LanpoConfig(
+            **common(tmp_path, num_generations=8, per_device_train_batch_size=8),
+            feedback_ratio=ratio,
+            reflection_share=share,
+            reflection_source=source,
+        )
     assert any("nothing of its own to reflect on" in r.getMessage() for r in caplog.records) is warned
 
 
@@ -182,8 +215,16 @@ def test_at_p_t_one_reflection_waits_one_epoch_for_attempts(tiny_model_dir, tmp_
     """What the warning says: with no scratch row and no stored attempt, the reflection half of each group gets
     the plain prompt (counted as no_attempt), so the realized p_t is the abstraction half at most; those
     plain-prompt rollouts are stored as attempts, so from the second epoch on the reflection rows have some."""
-    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=1.0, reflection_share=0.5, max_steps=2,
-                           num_generations=4, per_device_train_batch_size=8, problems=2)  # one epoch a step
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=1.0,
+        reflection_share=0.5,
+        max_steps=2,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        problems=2,
+    )  # one epoch a step
     trainer.train()
     steps = [h for h in trainer.state.log_history if "lanpo/feedback_share" in h]
     assert len(steps) == 2
@@ -194,8 +235,13 @@ def test_at_p_t_one_reflection_waits_one_epoch_for_attempts(tiny_model_dir, tmp_
 
 
 def test_feedback_schedule_and_group_plan(tmp_path):
-    config = LanpoConfig(**common(tmp_path, num_generations=8, per_device_train_batch_size=8), feedback_ratio=0.75,
-                         feedback_schedule="linear", feedback_warmup_steps=4, reflection_share=0.5)
+    config = LanpoConfig(
+        **common(tmp_path, num_generations=8, per_device_train_batch_size=8),
+        feedback_ratio=0.75,
+        feedback_schedule="linear",
+        feedback_warmup_steps=4,
+        reflection_share=0.5,
+    )
     assert config.group_plan(0) == (8, 0, 0)
     assert config.group_plan(2) == (5, 2, 1)  # p_t = 0.375: 3 feedback rollouts
     assert config.group_plan(10) == (2, 3, 3)  # p_t = 0.75: 6 feedback rollouts
@@ -205,20 +251,65 @@ def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
     from lanpo.cli import main
 
     run = tmp_path / "cli-run"
-    code = main(["train", "--model_name_or_path", str(tiny_model_dir), "--data", "builtin:arith?n=8",
-                 "--output_dir", str(run), "--max_steps", "2", "--num_generations", "4",
-                 "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--save_steps", "1",
-                 "--disable_tqdm", "true"])
+    code = main(
+        [
+            "train",
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--data",
+            "builtin:arith?n=8",
+            "--output_dir",
+            str(run),
+            "--max_steps",
+            "2",
+            "--num_generations",
+            "4",
+            "--per_device_train_batch_size",
+            "8",
+            "--max_completion_length",
+            "8",
+            "--save_steps",
+            "1",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert code == 0
-    for name in ("config.yaml", "config.json", "metrics.jsonl", "samples.jsonl", "pool.sqlite", "training_curves.png",
-                 "final/config.json", "checkpoint-2/pool.sqlite"):
+    for name in (
+        "config.yaml",
+        "config.json",
+        "metrics.jsonl",
+        "samples.jsonl",
+        "pool.sqlite",
+        "training_curves.png",
+        "final/config.json",
+        "checkpoint-2/pool.sqlite",
+    ):
         assert (run / name).exists(), name
     resolved = (run / "config.yaml").read_text()
     assert "feedback_ratio: 0.75" in resolved and "num_generations: 4" in resolved
 
-    code = main(["train", "--model_name_or_path", str(tiny_model_dir), "--data", "builtin:arith?n=8",
-                 "--resume", str(run / "checkpoint-1"), "--max_steps", "3", "--num_generations", "4",
-                 "--per_device_train_batch_size", "8", "--max_completion_length", "8", "--disable_tqdm", "true"])
+    code = main(
+        [
+            "train",
+            "--model_name_or_path",
+            str(tiny_model_dir),
+            "--data",
+            "builtin:arith?n=8",
+            "--resume",
+            str(run / "checkpoint-1"),
+            "--max_steps",
+            "3",
+            "--num_generations",
+            "4",
+            "--per_device_train_batch_size",
+            "8",
+            "--max_completion_length",
+            "8",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     assert code == 0
     steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert max(steps) == 3
@@ -230,10 +321,26 @@ def _launch_two_processes(model_dir, out, *extra) -> Path:
     # gloo on a machine without GPUs (and the config's use_cpu=True keeps them on the CPU elsewhere).
     from test_runs import free_port
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--main_process_port", str(free_port()),
-           "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(script),
-           str(model_dir), str(out), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--main_process_port",
+        str(free_port()),
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(script),
+        str(model_dir),
+        str(out),
+        *extra,
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     return out
@@ -271,10 +378,20 @@ def test_separate_and_scratch_baseline_advantages_on_two_processes_equal_one_pro
 
 
 @pytest.mark.parametrize("mode", ["strip", "strip-sequence", "shaped", "unweighted"])
-@pytest.mark.parametrize("setting", [dict(top_p=0.9), dict(top_k=20), dict(min_p=0.05), dict(repetition_penalty=1.1),
-                                     dict(generation_kwargs={"presence_penalty": 0.5})], ids=str)
-def test_vllm_settings_that_reshape_its_log_probabilities_are_refused_where_feedback_rows_are_stripped(tmp_path, mode,
-                                                                                                    setting):
+@pytest.mark.parametrize(
+    "setting",
+    [
+        dict(top_p=0.9),
+        dict(top_k=20),
+        dict(min_p=0.05),
+        dict(repetition_penalty=1.1),
+        dict(generation_kwargs={"presence_penalty": 0.5}),
+    ],
+    ids=str,
+)
+def test_vllm_settings_that_reshape_its_log_probabilities_are_refused_where_feedback_rows_are_stripped(
+    tmp_path, mode, setting
+):
     with pytest.raises(ValueError, match="log_softmax\\(logits / temperature\\)"):
         LanpoConfig(**common(tmp_path, context_in_loss=mode, use_vllm=True, **setting))
     LanpoConfig(**common(tmp_path, context_in_loss="keep", use_vllm=True, **setting))  # on-policy: TRL's business
@@ -283,8 +400,9 @@ def test_vllm_settings_that_reshape_its_log_probabilities_are_refused_where_feed
 
 def test_scratch_baseline_refuses_per_function_normalization(tmp_path):
     with pytest.raises(ValueError, match="sum_then_normalize"):
-        LanpoConfig(**common(tmp_path, advantage_grouping="scratch-baseline",
-                             multi_objective_aggregation="normalize_then_sum"))
+        LanpoConfig(
+            **common(tmp_path, advantage_grouping="scratch-baseline", multi_objective_aggregation="normalize_then_sum")
+        )
 
 
 @pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -307,8 +425,15 @@ def test_embedded_default_needs_no_config():
 def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_model_dir, tmp_path):
     from lanpo.pool.store import Attempt
 
-    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0,
-                           reflection_source="pool", summaries_per_group=0, max_steps=1)
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=0.5,
+        reflection_share=1.0,
+        reflection_source="pool",
+        summaries_per_group=0,
+        max_steps=1,
+    )
     problems = builtin_arith("1", n=8)
     trainer.pool.add_attempts([Attempt(p.id, p.problem, f"STORED ATTEMPT FOR {p.id}") for p in problems])
     calls = []
@@ -316,8 +441,9 @@ def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_
     trainer._generate_ids = lambda ids: calls.append(len(ids)) or original(ids)
     trainer.train()
     reflected = [r for r in trainer._rows if r.kind == "reflection"]
-    assert reflected and all(r.has_feedback and f"STORED ATTEMPT FOR {r.problem_id}" in r.context[-1]["content"]
-                             for r in reflected)
+    assert reflected and all(
+        r.has_feedback and f"STORED ATTEMPT FOR {r.problem_id}" in r.context[-1]["content"] for r in reflected
+    )
     assert calls == [8]  # every row in one batch: no second phase
 
 
@@ -325,7 +451,7 @@ def _expected_advantages(rewards: torch.Tensor, flags: list[bool], grouping: str
     """The grouping's advantages written out by hand (one reward function, scale_rewards=group)."""
     expected = torch.zeros(len(flags))
     for start in range(0, len(flags), g):
-        r, f = rewards[start:start + g], torch.tensor(flags[start:start + g])
+        r, f = rewards[start : start + g], torch.tensor(flags[start : start + g])
         scratch = r[~f]
         for kind in (False, True):
             sub = r[f == kind]
@@ -335,7 +461,7 @@ def _expected_advantages(rewards: torch.Tensor, flags: list[bool], grouping: str
                 values = (sub - scratch.mean()) / (r.std() + 1e-4)
             else:
                 values = (sub - scratch.mean()) / (sub.std() + 1e-4) if len(sub) >= 2 else torch.zeros(len(sub))
-            expected[start:start + g][f == kind] = values
+            expected[start : start + g][f == kind] = values
     return expected
 
 
@@ -348,8 +474,14 @@ def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir,
     def capture(output):
         shared = output["advantages"].clone()
         after(output)
-        seen.append((shared, output["advantages"].clone(), trainer._rewards_per_func[:, 0].clone(),
-                     [r.has_feedback for r in trainer._rows]))
+        seen.append(
+            (
+                shared,
+                output["advantages"].clone(),
+                trainer._rewards_per_func[:, 0].clone(),
+                [r.has_feedback for r in trainer._rows],
+            )
+        )
 
     trainer._after_rollouts = capture
     trainer.train()
@@ -360,18 +492,27 @@ def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir,
     assert any(not torch.allclose(shared, advantages) for shared, advantages, _, _ in seen)  # not TRL's shared
 
 
-def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_exceeds_the_clip(tiny_model_dir,
-                                                                                                tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="strip", strip_ratio_clip=1.0, max_steps=2,
-                           temperature=0.7)
+def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_exceeds_the_clip(
+    tiny_model_dir, tmp_path
+):
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, context_in_loss="strip", strip_ratio_clip=1.0, max_steps=2, temperature=0.7
+    )
     stub_summaries(trainer)
     applied, reweight = [], trainer._reweight
 
     def checked(capture, inputs):
         before = inputs["advantages"].clone()
         reweight(capture, inputs)
-        applied.append((before, inputs["advantages"].clone(), capture.old.clone(), capture.context.clone(),
-                        inputs["completion_mask"].bool()))
+        applied.append(
+            (
+                before,
+                inputs["advantages"].clone(),
+                capture.old.clone(),
+                capture.context.clone(),
+                inputs["completion_mask"].bool(),
+            )
+        )
 
     trainer._reweight = checked
     trainer.train()
@@ -392,24 +533,38 @@ def test_training_on_math_problems_with_letter_golds_never_stops_on_feedback(tin
     from lanpo.data.loaders import load_problems
     from lanpo.trainer import LanpoTrainer
 
-    problems = [p for p in load_problems("math", split="train", data_dir=shared_data)
-                if p.answer.strip("$() ").isalpha() and len(p.answer.strip("$() ")) <= 3][:8]
+    problems = [
+        p
+        for p in load_problems("math", split="train", data_dir=shared_data)
+        if p.answer.strip("$() ").isalpha() and len(p.answer.strip("$() ")) <= 3
+    ][:8]
     assert len(problems) >= 4
-    args = LanpoConfig(**common(tmp_path, "letters", max_steps=3, per_device_train_batch_size=8),
-                       relevance_scorer="bm25", relevance_threshold=0.0, feedback_ratio=0.75)
-    trainer = LanpoTrainer(model=str(tiny_model_dir), reward_funcs=[length_reward], args=args,
-                           train_dataset=to_prompt_dataset(problems), processing_class=load_tokenizer(str(tiny_model_dir)))
+    args = LanpoConfig(
+        **common(tmp_path, "letters", max_steps=3, per_device_train_batch_size=8),
+        relevance_scorer="bm25",
+        relevance_threshold=0.0,
+        feedback_ratio=0.75,
+    )
+    trainer = LanpoTrainer(
+        model=str(tiny_model_dir),
+        reward_funcs=[length_reward],
+        args=args,
+        train_dataset=to_prompt_dataset(problems),
+        processing_class=load_tokenizer(str(tiny_model_dir)),
+    )
     stub_summaries(trainer)
     trainer.train()
     assert max(history(trainer, "lanpo/feedback_share")) > 0
 
 
 def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_groups_without_any(
-        tiny_model_dir, tmp_path):
+    tiny_model_dir, tmp_path
+):
     from lanpo.pool.store import Attempt
 
-    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0,
-                           summaries_per_group=0, max_steps=1)  # reflection_source: auto (the default)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, summaries_per_group=0, max_steps=1
+    )  # reflection_source: auto (the default)
     assert trainer.args.reflection_source == "auto"
     stored = builtin_arith("1", n=8)[::2]  # half of the problems have an attempt from an earlier step
     trainer.pool.add_attempts([Attempt(p.id, p.problem, f"STORED ATTEMPT FOR {p.id}") for p in stored])
@@ -453,8 +608,15 @@ def test_summaries_ride_in_rollout_batches_and_go_on_across_steps_up_to_their_ow
 def test_summaries_apart_have_their_own_length_limit_and_no_forced_floor(tiny_model_dir, tmp_path):
     """With p_t = 0 summaries run apart (forked RNG): summary_max_length new tokens, without the rollouts'
     min_new_tokens, and the rollouts' settings restored after."""
-    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.0, max_completion_length=8,
-                           summary_max_length=12, max_steps=2, generation_kwargs={"min_new_tokens": 8})
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=0.0,
+        max_completion_length=8,
+        summary_max_length=12,
+        max_steps=2,
+        generation_kwargs={"min_new_tokens": 8},
+    )
     original, calls = trainer._generate_ids, []
 
     def generate(prompt_ids):
@@ -513,16 +675,31 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
         return [list(range(100, 120)) for _ in ids[:-1]] + [summary], None
 
     model = rollout.RolloutModel(
-        tokenize=lambda prompts: [[1, 2, 3] for _ in prompts], tokenize_summary=lambda messages: [4, 5, 6],
-        generate_ids=generate_ids, decode=lambda ids: " ".join(words[i] for i in ids), summary_max_length=50,
-        max_new_tokens=20, stop_ids=frozenset({0}))
+        tokenize=lambda prompts: [[1, 2, 3] for _ in prompts],
+        tokenize_summary=lambda messages: [4, 5, 6],
+        generate_ids=generate_ids,
+        decode=lambda ids: " ".join(words[i] for i in ids),
+        summary_max_length=50,
+        max_new_tokens=20,
+        stop_ids=frozenset({0}),
+    )
     pool = ExperiencePool(":memory:")
 
     def step(pending):
         rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, (4, 0, 0))
         _, finished, carried = rollout.lanpo_rollout(
-            rows, [[1, 2, 3]] * 4, 4, model, retriever=Retriever(pool, "bm25", gamma=0.0), pool=pool,
-            reflection_source="auto", keep_context=False, pending=pending, timer=Counter(), counts=Counter())
+            rows,
+            [[1, 2, 3]] * 4,
+            4,
+            model,
+            retriever=Retriever(pool, "bm25", gamma=0.0),
+            pool=pool,
+            reflection_source="auto",
+            keep_context=False,
+            pending=pending,
+            timer=Counter(),
+            counts=Counter(),
+        )
         assert all(len(r.completion_ids) == 20 for r in rows), "rollouts keep their own length"
         return finished, carried
 

@@ -35,93 +35,118 @@ def lenient():
         yield v
 
 
-@pytest.mark.parametrize("gold,completion", [
-    ("9 (apples)", "\\boxed{9}"),  # unit note in the gold
-    ("3 (dollars)", "so \\boxed{3}"),
-    ("4.5e33", "\\boxed{4.5 \\times 10^{33}}"),  # e-notation gold (not Euler's e)
-    ("1e-5", "\\boxed{10^{-5}}"),
-    ("2.7778e-6", "\\boxed{2.7778 \\times 10^{-6}}"),
-    ("4.5e33", "\\boxed{4.5e33}"),
-    ("0.6666666667", "\\boxed{0.67}"),  # rounded decimal gold: agree to the shorter precision
-    ("0.6666666667", "\\boxed{\\frac{2}{3}}"),
-    ("9" * 999, "\\boxed{" + "9" * 999 + "}"),  # huge, but plain
-    ("2", "\\boxed{" + "\\frac{1}{" * 20 + "2" + "}" * 20 + "}"),  # 20-deep: 1/(1/(...(1/2))) = 2
-    ("−3", "\\boxed{-3}"),  # unicode minus in the gold
-    ("7", "\\boxed{７}"),  # fullwidth digit in the answer
-])
+@pytest.mark.parametrize(
+    "gold,completion",
+    [
+        ("9 (apples)", "\\boxed{9}"),  # unit note in the gold
+        ("3 (dollars)", "so \\boxed{3}"),
+        ("4.5e33", "\\boxed{4.5 \\times 10^{33}}"),  # e-notation gold (not Euler's e)
+        ("1e-5", "\\boxed{10^{-5}}"),
+        ("2.7778e-6", "\\boxed{2.7778 \\times 10^{-6}}"),
+        ("4.5e33", "\\boxed{4.5e33}"),
+        ("0.6666666667", "\\boxed{0.67}"),  # rounded decimal gold: agree to the shorter precision
+        ("0.6666666667", "\\boxed{\\frac{2}{3}}"),
+        ("9" * 999, "\\boxed{" + "9" * 999 + "}"),  # huge, but plain
+        ("2", "\\boxed{" + "\\frac{1}{" * 20 + "2" + "}" * 20 + "}"),  # 20-deep: 1/(1/(...(1/2))) = 2
+        ("−3", "\\boxed{-3}"),  # unicode minus in the gold
+        ("7", "\\boxed{７}"),  # fullwidth digit in the answer
+    ],
+)
 def test_right_answers_in_other_forms_are_credited(strict, gold, completion):
     start = time.perf_counter()
     assert strict.score_texts([gold], [completion]) == [1.0]
     assert time.perf_counter() - start < LIMIT + 0.5
 
 
-@pytest.mark.parametrize("gold,completion,mode", [
-    ("9", "\\boxed 9, since \\frac{18}{2} is 9", "strict"),  # token box: 9, not the 18 of a later brace
-    ("1024", "the answer is 2^{10}", "lenient"),
-    ("3\\sqrt{2}", "The answer is $3\\sqrt{2}$.", "lenient"),
-    ("5000", "The answer is $5 \\times 10^{3}$.", "lenient"),
-    ("4.5e33", "so about 4.5e33 joules", "lenient"),
-])
+@pytest.mark.parametrize(
+    "gold,completion,mode",
+    [
+        ("9", "\\boxed 9, since \\frac{18}{2} is 9", "strict"),  # token box: 9, not the 18 of a later brace
+        ("1024", "the answer is 2^{10}", "lenient"),
+        ("3\\sqrt{2}", "The answer is $3\\sqrt{2}$.", "lenient"),
+        ("5000", "The answer is $5 \\times 10^{3}$.", "lenient"),
+        ("4.5e33", "so about 4.5e33 joules", "lenient"),
+    ],
+)
 def test_whole_answers_are_extracted(strict, lenient, gold, completion, mode):
     assert (strict if mode == "strict" else lenient).score_texts([gold], [completion]) == [1.0]
 
 
-@pytest.mark.parametrize("gold,completion,mode", [
-    ("18", "\\boxed 9, since \\frac{18}{2}", "strict"),  # the first brace after \boxed is not the box
-    ("2", "the answer is 2^{10}", "lenient"),
-    ("3", "the answer is 3\\sqrt{2}", "lenient"),
-    ("5", "the answer is 5 \\times 10^{3}", "lenient"),
-    ("1e-1", "\\boxed{e-1}", "strict"),  # Euler's e in a gold cuts both ways
-    ("2.5", "\\boxed{3}", "strict"),
-    ("2.7778e-6", "\\boxed{2.7779e-6}", "strict"),
-    ("12", "\\boxed{12.0004}", "strict"),
-])
+@pytest.mark.parametrize(
+    "gold,completion,mode",
+    [
+        ("18", "\\boxed 9, since \\frac{18}{2}", "strict"),  # the first brace after \boxed is not the box
+        ("2", "the answer is 2^{10}", "lenient"),
+        ("3", "the answer is 3\\sqrt{2}", "lenient"),
+        ("5", "the answer is 5 \\times 10^{3}", "lenient"),
+        ("1e-1", "\\boxed{e-1}", "strict"),  # Euler's e in a gold cuts both ways
+        ("2.5", "\\boxed{3}", "strict"),
+        ("2.7778e-6", "\\boxed{2.7779e-6}", "strict"),
+        ("12", "\\boxed{12.0004}", "strict"),
+    ],
+)
 def test_wrong_answers_are_not_credited(strict, lenient, gold, completion, mode):
     assert (strict if mode == "strict" else lenient).score_texts([gold], [completion]) == [0.0]
 
 
-@pytest.mark.parametrize("gold,completion", [
-    ("7", "\\boxed{3} no wait \\boxed{5} final \\boxed{7}"),  # several boxed values, the right one last
-    ("g", "\\boxed{w = g}"),
-    ("g", "\\boxed{w \\lor g}"),
-    ("2", "\\boxed{2 \\text{ or } 3}"),
-    ("2", "\\boxed{2, 3}"),
-    ("1+\\sqrt{2}", "\\boxed{1 \\pm \\sqrt{2}}"),
-    ("B", "\\boxed{A \\text{ or } B}"),
-    ("1, 2", "\\boxed{2,2} or maybe \\boxed{1,2}"),  # boxes that are lists are not one value a box
-    ("f(4 - x)", "\\boxed{f(5 - x) = f(4 - x)}"),  # a label-shaped gold: the left side is a second value
-    ("n", "\\boxed{m = n}"),
-    ("11", "\\boxed{x = 5 + 5 + 1 = 7 = 11}"),  # a chain whose steps disagree
-    ("2", "\\boxed{2, 3, 2}"),
-])
+@pytest.mark.parametrize(
+    "gold,completion",
+    [
+        ("7", "\\boxed{3} no wait \\boxed{5} final \\boxed{7}"),  # several boxed values, the right one last
+        ("g", "\\boxed{w = g}"),
+        ("g", "\\boxed{w \\lor g}"),
+        ("2", "\\boxed{2 \\text{ or } 3}"),
+        ("2", "\\boxed{2, 3}"),
+        ("1+\\sqrt{2}", "\\boxed{1 \\pm \\sqrt{2}}"),
+        ("B", "\\boxed{A \\text{ or } B}"),
+        ("1, 2", "\\boxed{2,2} or maybe \\boxed{1,2}"),  # boxes that are lists are not one value a box
+        ("f(4 - x)", "\\boxed{f(5 - x) = f(4 - x)}"),  # a label-shaped gold: the left side is a second value
+        ("n", "\\boxed{m = n}"),
+        ("11", "\\boxed{x = 5 + 5 + 1 = 7 = 11}"),  # a chain whose steps disagree
+        ("2", "\\boxed{2, 3, 2}"),
+    ],
+)
 def test_hedges_score_zero(strict, gold, completion):
     assert strict.score_texts([gold], [completion]) == [0.0]
     assert strict.stats["hedged"] > 0
 
 
-@pytest.mark.parametrize("gold,completion,mode,expected", [
-    ("(5, 8)", "\\boxed{(x, y) = (5, 8)}", "strict", 1.0),  # labels wider than one letter
-    ("5", "\\boxed{AB = 5}", "strict", 1.0),
-    ("5", "\\boxed{f(2) = 5}", "strict", 1.0),
-    ("30", "\\boxed{\\angle ABC = 30^\\circ}", "strict", 1.0),
-    ("2", "\\boxed{2, 2}", "strict", 1.0),  # a repeated value is one value
-    ("32349", "\\boxed{32,\\! 349}", "strict", 1.0),  # thin-space grouping
-    ("500", "\\boxed{0,500}", "strict", 0.0),  # a first group of 0 does not group thousands
-    ("111", "\\boxed{0,111}", "strict", 0.0),
-    ("2, 3", "the roots are \\boxed{2} and \\boxed{3}", "strict", 1.0),  # a box per value of a list gold
-    ("11", "\\boxed{x = 5 + 5 + 1 = 11}", "strict", 1.0),  # a consistent chain
-    ("9", "so $\\frac{10}{9}$", "lenient", 0.0),  # the fallback reads no piece of an expression
-    ("1", "so we have (9+1)", "lenient", 0.0),
-    ("2", "so $\\frac{1+\\sqrt5}{2}$", "lenient", 0.0),
-])
+@pytest.mark.parametrize(
+    "gold,completion,mode,expected",
+    [
+        ("(5, 8)", "\\boxed{(x, y) = (5, 8)}", "strict", 1.0),  # labels wider than one letter
+        ("5", "\\boxed{AB = 5}", "strict", 1.0),
+        ("5", "\\boxed{f(2) = 5}", "strict", 1.0),
+        ("30", "\\boxed{\\angle ABC = 30^\\circ}", "strict", 1.0),
+        ("2", "\\boxed{2, 2}", "strict", 1.0),  # a repeated value is one value
+        ("32349", "\\boxed{32,\\! 349}", "strict", 1.0),  # thin-space grouping
+        ("500", "\\boxed{0,500}", "strict", 0.0),  # a first group of 0 does not group thousands
+        ("111", "\\boxed{0,111}", "strict", 0.0),
+        ("2, 3", "the roots are \\boxed{2} and \\boxed{3}", "strict", 1.0),  # a box per value of a list gold
+        ("11", "\\boxed{x = 5 + 5 + 1 = 11}", "strict", 1.0),  # a consistent chain
+        ("9", "so $\\frac{10}{9}$", "lenient", 0.0),  # the fallback reads no piece of an expression
+        ("1", "so we have (9+1)", "lenient", 0.0),
+        ("2", "so $\\frac{1+\\sqrt5}{2}$", "lenient", 0.0),
+    ],
+)
 def test_the_issue_36_examples(strict, lenient, gold, completion, mode, expected):
     assert (strict if mode == "strict" else lenient).score_texts([gold], [completion]) == [expected]
 
 
 def test_labelled_and_restated_single_answers_are_not_hedges(strict):
-    assert strict.score_texts(["5", "x^2+1", "0.5", "(1,2)", "B"],
-                              ["\\boxed{x = 5}", "\\boxed{y = x^2+1}", "\\boxed{\\frac{1}{2} = 0.5}",
-                               "\\boxed{(1, 2)}", "\\boxed{\\text{(B)}}"]) == [1.0] * 5
+    assert (
+        strict.score_texts(
+            ["5", "x^2+1", "0.5", "(1,2)", "B"],
+            [
+                "\\boxed{x = 5}",
+                "\\boxed{y = x^2+1}",
+                "\\boxed{\\frac{1}{2} = 0.5}",
+                "\\boxed{(1, 2)}",
+                "\\boxed{\\text{(B)}}",
+            ],
+        )
+        == [1.0] * 5
+    )
 
 
 def test_lenient_never_reads_a_number_copied_from_the_problem(lenient):
@@ -132,8 +157,14 @@ def test_lenient_never_reads_a_number_copied_from_the_problem(lenient):
 
 
 def test_long_whitespace_and_huge_inputs_stay_inside_the_limit(lenient):
-    texts = ["the answer is" + " " * 100_000 + "x", "answer" + " \t" * 50_000 + ":", "{" * 100_000,
-             "\\boxed{" * 30_000, "1," * 50_000, "answer is " * 20_000]
+    texts = [
+        "the answer is" + " " * 100_000 + "x",
+        "answer" + " \t" * 50_000 + ":",
+        "{" * 100_000,
+        "\\boxed{" * 30_000,
+        "1," * 50_000,
+        "answer is " * 20_000,
+    ]
     for text in texts:
         start = time.perf_counter()
         lenient.score_texts(["1"], [text])
@@ -149,9 +180,11 @@ def test_numbers_match_policy():
 
 def test_a_script_without_a_main_guard_gets_a_clear_message(tmp_path):
     script = tmp_path / "no_guard.py"
-    script.write_text("from lanpo.verify.rewards import MathVerifier\n"
-                      "v = MathVerifier(start_method='spawn', workers=1)\n"
-                      "print(v.score(['1'], ['\\\\sqrt{1}']))\n")
+    script.write_text(
+        "from lanpo.verify.rewards import MathVerifier\n"
+        "v = MathVerifier(start_method='spawn', workers=1)\n"
+        "print(v.score(['1'], ['\\\\sqrt{1}']))\n"
+    )
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert "__main__" in result.stderr and "EOFError" not in result.stderr.splitlines()[-1]
@@ -159,24 +192,34 @@ def test_a_script_without_a_main_guard_gets_a_clear_message(tmp_path):
 
 # -- properties ------------------------------------------------------------------------------------------------
 
-golds = st.one_of(st.integers(-10**6, 10**6).map(str),
-                  st.fractions(max_denominator=50).filter(lambda f: f.denominator > 1).map(
-                      lambda f: f"\\frac{{{f.numerator}}}{{{f.denominator}}}"),
-                  st.decimals(-1000, 1000, places=3, allow_nan=False, allow_infinity=False).map(str))
+golds = st.one_of(
+    st.integers(-(10**6), 10**6).map(str),
+    st.fractions(max_denominator=50)
+    .filter(lambda f: f.denominator > 1)
+    .map(lambda f: f"\\frac{{{f.numerator}}}{{{f.denominator}}}"),
+    st.decimals(-1000, 1000, places=3, allow_nan=False, allow_infinity=False).map(str),
+)
 
 
 def _wrong(gold: str, delta: int) -> str:
     value = to_number(gold)
-    return str(value + delta) if value.denominator == 1 else f"\\frac{{{(value + delta).numerator}}}" \
-        f"{{{(value + delta).denominator}}}"
+    return (
+        str(value + delta)
+        if value.denominator == 1
+        else f"\\frac{{{(value + delta).numerator}}}{{{(value + delta).denominator}}}"
+    )
 
 
 noise = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="0123456789"), max_size=200)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(gold=golds, delta=st.integers(1, 1000), pad=noise, kind=st.sampled_from(
-    ["several_boxes", "or", "comma", "equals", "lor", "pm", "unclosed", "wrong", "answer_is_or"]))
+@given(
+    gold=golds,
+    delta=st.integers(1, 1000),
+    pad=noise,
+    kind=st.sampled_from(["several_boxes", "or", "comma", "equals", "lor", "pm", "unclosed", "wrong", "answer_is_or"]),
+)
 def test_no_hedge_or_wrong_answer_is_rewarded(strict, lenient, gold, delta, pad, kind):
     wrong = _wrong(gold, delta)
     completion = {
@@ -197,8 +240,10 @@ def test_no_hedge_or_wrong_answer_is_rewarded(strict, lenient, gold, delta, pad,
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(text=st.text(max_size=3000), junk=st.sampled_from(["\x00", "\u2212", "\ufeff", "{", "}", "\\boxed", "$",
-                                                          " " * 500, "\\frac{", "１２", "e-"]))
+@given(
+    text=st.text(max_size=3000),
+    junk=st.sampled_from(["\x00", "\u2212", "\ufeff", "{", "}", "\\boxed", "$", " " * 500, "\\frac{", "１２", "e-"]),
+)
 def test_arbitrary_text_never_crashes_and_never_earns_an_absent_answer(lenient, text, junk):
     gold = "987654321"  # not in the text's digits unless hypothesis writes it: then it may be credited
     completion = junk.join([text, text[::-1], ""])
@@ -220,7 +265,7 @@ def test_a_value_written_in_scientific_notation_matches_itself(value, exponent):
 
 # -- round three (issue 36): each class generated, right answers credited and wrong ones not ----------------------
 
-integers = st.integers(-10**6, 10**6)
+integers = st.integers(-(10**6), 10**6)
 label_names = st.one_of(
     st.text(alphabet="ABCDEFGHPQRS", min_size=2, max_size=3),  # segments: AB, PQR
     st.builds(lambda f, k: f"{f}({k})", st.sampled_from(["f", "g", "h", "P", "T"]), st.integers(0, 99)),
@@ -255,11 +300,16 @@ def _expression_for(value: int, parts: list[int], kind: str) -> str:
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(gold=st.integers(-10**4, 10**4), parts=st.lists(st.integers(0, 50), min_size=1, max_size=3),
-       kinds=st.lists(st.sampled_from(["sum", "product", "frac"]), min_size=1, max_size=3),
-       delta=st.integers(1, 100), where=st.integers(0, 2))
-def test_a_consistent_chain_states_its_last_value_and_a_disagreeing_step_makes_it_a_hedge(strict, gold, parts, kinds,
-                                                                                       delta, where):
+@given(
+    gold=st.integers(-(10**4), 10**4),
+    parts=st.lists(st.integers(0, 50), min_size=1, max_size=3),
+    kinds=st.lists(st.sampled_from(["sum", "product", "frac"]), min_size=1, max_size=3),
+    delta=st.integers(1, 100),
+    where=st.integers(0, 2),
+)
+def test_a_consistent_chain_states_its_last_value_and_a_disagreeing_step_makes_it_a_hedge(
+    strict, gold, parts, kinds, delta, where
+):
     steps = [_expression_for(gold, parts, kind) for kind in kinds]
     assert strict.score_texts([str(gold)], ["\\boxed{x = " + " = ".join([*steps, str(gold)]) + "}"]) == [1.0]
     steps.insert(where % (len(steps) + 1), str(gold + delta))  # one step states another value
@@ -271,15 +321,19 @@ def test_a_consistent_chain_states_its_last_value_and_a_disagreeing_step_makes_i
 def test_a_repeated_value_is_one_value_and_a_different_one_is_a_hedge(strict, gold, repeats, other):
     assert strict.score_texts([str(gold)], ["\\boxed{" + ", ".join([str(gold)] * repeats) + "}"]) == [1.0]
     if other != gold:
-        assert strict.score_texts([str(gold)], ["\\boxed{" + ", ".join([str(gold)] * repeats + [str(other)]) +
-                                                "}"]) == [0.0]
+        assert strict.score_texts(
+            [str(gold)], ["\\boxed{" + ", ".join([str(gold)] * repeats + [str(other)]) + "}"]
+        ) == [0.0]
         two = f"{min(gold, other)}, {max(gold, other)}"
         assert strict.score_texts([two], [f"\\boxed{{{gold}, {gold}, {other}}}"]) == [1.0]  # distinct values
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(value=st.integers(1000, 10**12), negative=st.booleans(),
-       separator=st.sampled_from([",", ",\\!", ",\\! ", ",\\!  ", "{,}", "\\,", ",\\,", "\\!"]))
+@given(
+    value=st.integers(1000, 10**12),
+    negative=st.booleans(),
+    separator=st.sampled_from([",", ",\\!", ",\\! ", ",\\!  ", "{,}", "\\,", ",\\,", "\\!"]),
+)
 def test_thousands_written_with_any_latex_separator_are_one_number(strict, value, negative, separator):
     n = -value if negative else value
     written = ("-" if negative else "") + f"{value:,}".replace(",", separator)
@@ -300,8 +354,12 @@ def test_a_comma_groups_thousands_only_before_three_digit_groups_after_a_nonzero
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(values=st.lists(integers, min_size=2, max_size=4, unique=True), order=st.randoms(use_true_random=False),
-       wrong=integers, pad=st.sampled_from([" and ", " ", ", so "]))
+@given(
+    values=st.lists(integers, min_size=2, max_size=4, unique=True),
+    order=st.randoms(use_true_random=False),
+    wrong=integers,
+    pad=st.sampled_from([" and ", " ", ", so "]),
+)
 def test_boxes_that_state_a_list_gold_one_value_a_box_are_one_answer(strict, values, order, wrong, pad):
     gold = ", ".join(map(str, values))
     shuffled = list(values)
@@ -315,9 +373,26 @@ def test_boxes_that_state_a_list_gold_one_value_a_box_are_one_answer(strict, val
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(gold=st.integers(2, 10**5), other=st.integers(1, 99), form=st.sampled_from(
-    ["\\frac{{{o}}}{{{g}}}", "({o}+{g})", "\\sqrt{{{g}}}", "\\sqrt {g}", "{o}^{{{g}}}", "{o}^{g}", "{o} \\times {g}",
-     "x_{{{g}}}", "{o}/{g}", "{o} + {g}", "\\frac{{{o}+\\sqrt{g}}}{{{g}}}", "[{o}, {g}]"]))
+@given(
+    gold=st.integers(2, 10**5),
+    other=st.integers(1, 99),
+    form=st.sampled_from(
+        [
+            "\\frac{{{o}}}{{{g}}}",
+            "({o}+{g})",
+            "\\sqrt{{{g}}}",
+            "\\sqrt {g}",
+            "{o}^{{{g}}}",
+            "{o}^{g}",
+            "{o} \\times {g}",
+            "x_{{{g}}}",
+            "{o}/{g}",
+            "{o} + {g}",
+            "\\frac{{{o}+\\sqrt{g}}}{{{g}}}",
+            "[{o}, {g}]",
+        ]
+    ),
+)
 def test_lenient_fallback_never_reads_a_number_out_of_an_expression(lenient, gold, other, form):
     expression = form.format(o=other, g=gold)
     assert lenient.score_texts([str(gold)], [f"so we get ${expression}$"]) == [0.0], expression

@@ -35,15 +35,37 @@ def vllm_model_dir(tmp_path_factory) -> Path:
 def vllm_trainer(model_dir: Path, out: Path, **overrides):
     from lanpo.trainer import LanpoTrainer
 
-    settings = dict(output_dir=str(out), use_cpu=True, bf16=False, num_generations=4, per_device_train_batch_size=8,
-                    max_completion_length=6, max_steps=2, learning_rate=1e-3, logging_steps=1, save_strategy="no",
-                    report_to="none", seed=0, temperature=1.0, disable_tqdm=True, relevance_scorer="bm25",
-                    relevance_threshold=0.0, feedback_ratio=0.75, use_vllm=True, vllm_mode="colocate",
-                    vllm_max_model_length=1024, vllm_gpu_memory_utilization=0.3)
+    settings = dict(
+        output_dir=str(out),
+        use_cpu=True,
+        bf16=False,
+        num_generations=4,
+        per_device_train_batch_size=8,
+        max_completion_length=6,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        temperature=1.0,
+        disable_tqdm=True,
+        relevance_scorer="bm25",
+        relevance_threshold=0.0,
+        feedback_ratio=0.75,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_max_model_length=1024,
+        vllm_gpu_memory_utilization=0.3,
+    )
     settings.update(overrides)
-    return LanpoTrainer(model=str(model_dir), reward_funcs=[length_reward], args=LanpoConfig(**settings),
-                        train_dataset=to_prompt_dataset(builtin_arith("1", n=8)),
-                        processing_class=load_tokenizer(str(model_dir)))
+    return LanpoTrainer(
+        model=str(model_dir),
+        reward_funcs=[length_reward],
+        args=LanpoConfig(**settings),
+        train_dataset=to_prompt_dataset(builtin_arith("1", n=8)),
+        processing_class=load_tokenizer(str(model_dir)),
+    )
 
 
 def test_every_row_gets_the_completion_of_its_own_prompt(vllm_model_dir, tmp_path):
@@ -80,8 +102,9 @@ def test_lanpo_trains_with_vllm_colocate_and_the_pool_grows(vllm_model_dir, tmp_
     assert any(s["feedback"] for s in samples)
 
 
-def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feedback_rows_unmasked(vllm_model_dir,
-                                                                                                    tmp_path):
+def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feedback_rows_unmasked(
+    vllm_model_dir, tmp_path
+):
     """After an optimizer step (weights synced into vLLM), the sampler's π(y|x,c) of feedback rows equals an HF
     forward of the updated policy under the context; TRL's importance correction is 1 on feedback rows and its
     off-policy mask (a tight threshold, β > 0) keeps every feedback token."""
@@ -89,8 +112,16 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
 
     from test_loss import _forward
 
-    trainer = vllm_trainer(vllm_model_dir, tmp_path / "strip", context_in_loss="strip", reflection_share=1.0,
-                           max_steps=3, beta=0.1, learning_rate=0.05, off_policy_mask_threshold=1e-3)
+    trainer = vllm_trainer(
+        vllm_model_dir,
+        tmp_path / "strip",
+        context_in_loss="strip",
+        reflection_share=1.0,
+        max_steps=3,
+        beta=0.1,
+        learning_rate=0.05,
+        off_policy_mask_threshold=1e-3,
+    )
     stub_summaries(trainer)
     checked, masks, after = [], [], trainer._after_rollouts
 
@@ -99,8 +130,9 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
         rows = trainer._rows
         feedback = torch.tensor([r.has_feedback for r in rows])[:, None] & output["completion_mask"].bool()
         assert feedback.any()
-        reference = _forward(trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"],
-                             output["completion_mask"])
+        reference = _forward(
+            trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"], output["completion_mask"]
+        )
         gap = (output["lanpo_context_logps"][feedback] - reference[feedback]).abs()
         scratch = ~torch.tensor([r.has_feedback for r in rows])[:, None] & output["completion_mask"].bool()
         scratch_gap = (output["sampling_per_token_logps"] - output["old_per_token_logps"])[scratch].abs()
@@ -127,17 +159,38 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
 
 
 def test_eval_on_vllm_and_hf_prints_the_same_table_and_greedy_answers_agree(vllm_model_dir, tmp_path):
-    common = ["eval", "--model", str(vllm_model_dir), "--data", "builtin:arith?split=test", "--limit", "16", "--k", "2",
-              "--temperature", "0", "--max-new-tokens", "6", "--extraction", "lenient"]
+    common = [
+        "eval",
+        "--model",
+        str(vllm_model_dir),
+        "--data",
+        "builtin:arith?split=test",
+        "--limit",
+        "16",
+        "--k",
+        "2",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "6",
+        "--extraction",
+        "lenient",
+    ]
     assert main([*common, "--backend", "hf", "--out", str(tmp_path / "hf")]) == 0
     assert main([*common, "--backend", "vllm", "--out", str(tmp_path / "vllm")]) == 0
     results = {b: json.loads((tmp_path / b / "results.json").read_text()) for b in ("hf", "vllm")}
     assert results["hf"]["backend"] == "hf" and results["vllm"]["backend"] == "vllm"
-    assert results["hf"]["modes"]["zero-shot"]["metrics"].keys() == results["vllm"]["modes"]["zero-shot"]["metrics"].keys()
+    assert (
+        results["hf"]["modes"]["zero-shot"]["metrics"].keys() == results["vllm"]["modes"]["zero-shot"]["metrics"].keys()
+    )
     tables = {b: (tmp_path / b / "results.md").read_text().splitlines() for b in ("hf", "vllm")}
     assert tables["hf"][4:6] == tables["vllm"][4:6]  # the same table header
-    answers = {b: [[c["text"] for c in json.loads(line)["completions"]]
-                   for line in (tmp_path / b / "completions-zero-shot.jsonl").read_text().splitlines()]
-               for b in ("hf", "vllm")}
+    answers = {
+        b: [
+            [c["text"] for c in json.loads(line)["completions"]]
+            for line in (tmp_path / b / "completions-zero-shot.jsonl").read_text().splitlines()
+        ]
+        for b in ("hf", "vllm")
+    }
     same = sum(h == v for h, v in zip(answers["hf"], answers["vllm"]))
     assert same / len(answers["hf"]) >= 0.9

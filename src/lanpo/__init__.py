@@ -10,13 +10,20 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Problem": "data.loaders", "load_problems": "data.loaders",
-    "load_model": "engine.models", "resolve_model_path": "engine.models",
-    "MathVerifier": "verify.rewards", "extract_answer": "verify.answers", "make_accuracy_reward": "verify.rewards",
-    "ExperiencePool": "pool.store", "PoolEntry": "pool.store",
-    "build_reflection_prompt": "feedback", "build_abstraction_prompt": "feedback",
+    "Problem": "data.loaders",
+    "load_problems": "data.loaders",
+    "load_model": "engine.models",
+    "resolve_model_path": "engine.models",
+    "MathVerifier": "verify.rewards",
+    "extract_answer": "verify.answers",
+    "make_accuracy_reward": "verify.rewards",
+    "ExperiencePool": "pool.store",
+    "PoolEntry": "pool.store",
+    "build_reflection_prompt": "feedback",
+    "build_abstraction_prompt": "feedback",
     "Retriever": "pool.retrieval",
-    "LanpoConfig": "config", "LanpoTrainer": "trainer",
+    "LanpoConfig": "config",
+    "LanpoTrainer": "trainer",
 }
 
 

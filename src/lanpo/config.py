@@ -26,8 +26,11 @@ AdvantageGrouping = Literal["shared", "separate", "scratch-baseline"]
 Extraction = Literal["strict", "lenient"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
-CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = get_args(ContextInLoss), get_args(AdvantageGrouping), \
-    get_args(Extraction)
+CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = (
+    get_args(ContextInLoss),
+    get_args(AdvantageGrouping),
+    get_args(Extraction),
+)
 
 
 @dataclass
@@ -70,73 +73,135 @@ class LanpoConfig(GRPOConfig):
     """
 
     # -- language feedback -----------------------------------------------------------------------------------
-    feedback_ratio: float = field(default=0.75, metadata={
-        "help": "p_t: share of each group's rollouts generated with language feedback (0 = exactly GRPO)."})
-    feedback_schedule: Schedule = field(default="constant", metadata={
-        "help": "p_t schedule: constant, or linear warm-up from 0 over feedback_warmup_steps."})
-    feedback_warmup_steps: int = field(default=0, metadata={
-        "help": "Steps over which a linear schedule raises p_t from 0 to feedback_ratio."})
-    reflection_share: float = field(default=0.5, metadata={
-        "help": "Share of feedback rollouts that use reward-agnostic reflection; the rest use relevant abstraction."})
-    reflection_source: ReflectionSource = field(default="auto", metadata={
-        "help": "auto: stored attempts where the problem has some, else this step's; step: this step's scratch "
-                "rollouts (a second generation phase); pool: stored attempts only."})
+    feedback_ratio: float = field(
+        default=0.75,
+        metadata={"help": "p_t: share of each group's rollouts generated with language feedback (0 = exactly GRPO)."},
+    )
+    feedback_schedule: Schedule = field(
+        default="constant",
+        metadata={"help": "p_t schedule: constant, or linear warm-up from 0 over feedback_warmup_steps."},
+    )
+    feedback_warmup_steps: int = field(
+        default=0, metadata={"help": "Steps over which a linear schedule raises p_t from 0 to feedback_ratio."}
+    )
+    reflection_share: float = field(
+        default=0.5,
+        metadata={
+            "help": "Share of feedback rollouts that use reward-agnostic reflection; the rest use relevant abstraction."
+        },
+    )
+    reflection_source: ReflectionSource = field(
+        default="auto",
+        metadata={
+            "help": "auto: stored attempts where the problem has some, else this step's; step: this step's scratch "
+            "rollouts (a second generation phase); pool: stored attempts only."
+        },
+    )
 
     # -- experience pool and retrieval -----------------------------------------------------------------------
     pool_cap: int = field(default=32, metadata={"help": "Pool entries kept per problem (oldest evicted)."})
     pool_attempts_cap: int = field(default=4, metadata={"help": "Raw attempts kept per problem for reflection."})
-    summaries_per_group: int = field(default=1, metadata={
-        "help": "Trials per group the policy distills into pool entries each step (the summary budget)."})
-    summary_max_length: int = field(default=256, metadata={
-        "help": "Most new tokens of one pool summary: one cut by max_completion_length goes on in the next "
-                "rollout batch until it ends or reaches this (after the SFT stage, 5 in 6 parse within 128)."})
-    relevance_scorer: Scorer = field(default="llm", metadata={
-        "help": "Relevance score in [0, 1] of a retrieved entry: bm25 (normalized), embedding (cosine), llm (judge)."})
-    relevance_threshold: float = field(default=0.9, metadata={
-        "help": "γ: entries whose relevance is below it are never shown (paper: 0.9)."})
+    summaries_per_group: int = field(
+        default=1,
+        metadata={"help": "Trials per group the policy distills into pool entries each step (the summary budget)."},
+    )
+    summary_max_length: int = field(
+        default=256,
+        metadata={
+            "help": "Most new tokens of one pool summary: one cut by max_completion_length goes on in the next "
+            "rollout batch until it ends or reaches this (after the SFT stage, 5 in 6 parse within 128)."
+        },
+    )
+    relevance_scorer: Scorer = field(
+        default="llm",
+        metadata={
+            "help": "Relevance score in [0, 1] of a retrieved entry: bm25 (normalized), embedding (cosine), llm (judge)."
+        },
+    )
+    relevance_threshold: float = field(
+        default=0.9, metadata={"help": "γ: entries whose relevance is below it are never shown (paper: 0.9)."}
+    )
     retrieval_top_k: int = field(default=3, metadata={"help": "Most pool entries in one abstraction prompt."})
     retrieval_candidates: int = field(default=16, metadata={"help": "BM25 candidates scored for relevance."})
-    embedding_model: str | None = field(default=None, metadata={
-        "help": "sentence-transformers model for relevance_scorer=embedding (default: bundled all-MiniLM-L6-v2)."})
+    embedding_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "sentence-transformers model for relevance_scorer=embedding (default: bundled all-MiniLM-L6-v2)."
+        },
+    )
 
     # -- loss ------------------------------------------------------------------------------------------------
-    context_in_loss: ContextInLoss = field(default="strip", metadata={
-        "help": "How feedback rollouts reach the loss. strip: train pi(y|x) with a clipped per-token weight "
-                "pi(y|x)/pi(y|x,c); strip-sequence: with the row's geometric-mean weight; shaped: no weight, "
-                "f(pi) = pi/(pi+shaping_gamma), no clip; unweighted: plain advantage; keep: train pi(y|x,c)."})
-    strip_ratio_clip: float = field(default=2.0, metadata={
-        "help": "strip, strip-sequence (and the feedback rows' KL weight): upper bound of pi(y|x)/pi(y|x,c)."})
-    shaping_gamma: float = field(default=0.1, metadata={
-        "help": "shaped: gamma of the policy shaping f(pi) = pi/(pi+gamma) on feedback tokens (LUFFY: 0.1)."})
-    advantage_grouping: AdvantageGrouping = field(default="shared", metadata={
-        "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart; "
-                "scratch-baseline: feedback rollouts against the scratch rollouts' mean."})
+    context_in_loss: ContextInLoss = field(
+        default="strip",
+        metadata={
+            "help": "How feedback rollouts reach the loss. strip: train pi(y|x) with a clipped per-token weight "
+            "pi(y|x)/pi(y|x,c); strip-sequence: with the row's geometric-mean weight; shaped: no weight, "
+            "f(pi) = pi/(pi+shaping_gamma), no clip; unweighted: plain advantage; keep: train pi(y|x,c)."
+        },
+    )
+    strip_ratio_clip: float = field(
+        default=2.0,
+        metadata={
+            "help": "strip, strip-sequence (and the feedback rows' KL weight): upper bound of pi(y|x)/pi(y|x,c)."
+        },
+    )
+    shaping_gamma: float = field(
+        default=0.1,
+        metadata={"help": "shaped: gamma of the policy shaping f(pi) = pi/(pi+gamma) on feedback tokens (LUFFY: 0.1)."},
+    )
+    advantage_grouping: AdvantageGrouping = field(
+        default="shared",
+        metadata={
+            "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart; "
+            "scratch-baseline: feedback rollouts against the scratch rollouts' mean."
+        },
+    )
 
     # -- reward ----------------------------------------------------------------------------------------------
-    answer_extraction: Extraction = field(default="strict", metadata={
-        "help": "strict: the final \\boxed{} only; lenient: else 'the answer is X', else the last number not copied "
-                "from the problem (for models that rarely box; hackable)."})
-    verify_time_limit: float = field(default=2.0, metadata={
-        "help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."})
+    answer_extraction: Extraction = field(
+        default="strict",
+        metadata={
+            "help": "strict: the final \\boxed{} only; lenient: else 'the answer is X', else the last number not copied "
+            "from the problem (for models that rarely box; hackable)."
+        },
+    )
+    verify_time_limit: float = field(
+        default=2.0,
+        metadata={"help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."},
+    )
 
     # -- run outputs -----------------------------------------------------------------------------------------
-    log_samples: int = field(default=8, metadata={
-        "help": "Rollouts per step written to samples.jsonl (prompt, completion, kind, reward): whole groups, at "
-                "least one."})
+    log_samples: int = field(
+        default=8,
+        metadata={
+            "help": "Rollouts per step written to samples.jsonl (prompt, completion, kind, reward): whole groups, at "
+            "least one."
+        },
+    )
 
     # -- evaluation during training --------------------------------------------------------------------------
-    eval_benchmarks: str | None = field(default=None, metadata={
-        "help": "Held-out problems evaluated during training, comma-separated data specs (math500, aime24, gsm8k, "
-                "builtin:arith?split=test, a file); logged as eval/<benchmark>/<mode>/mean@k. Unset with "
-                "eval_every > 0 under lanpo train: the training data's held-out split (builtin:arith's test split, "
-                "gsm8k's test split, math500 for math)."})
-    eval_modes: str = field(default="zero-shot", metadata={
-        "help": "Evaluation modes during training, comma-separated: zero-shot, retrieval (from this run's pool)."})
-    eval_every: int = field(default=0, metadata={
-        "help": "Evaluate before the first step and every N steps (0: never)."})
+    eval_benchmarks: str | None = field(
+        default=None,
+        metadata={
+            "help": "Held-out problems evaluated during training, comma-separated data specs (math500, aime24, gsm8k, "
+            "builtin:arith?split=test, a file); logged as eval/<benchmark>/<mode>/mean@k. Unset with "
+            "eval_every > 0 under lanpo train: the training data's held-out split (builtin:arith's test split, "
+            "gsm8k's test split, math500 for math)."
+        },
+    )
+    eval_modes: str = field(
+        default="zero-shot",
+        metadata={
+            "help": "Evaluation modes during training, comma-separated: zero-shot, retrieval (from this run's pool)."
+        },
+    )
+    eval_every: int = field(
+        default=0, metadata={"help": "Evaluate before the first step and every N steps (0: never)."}
+    )
     eval_k: int = field(default=4, metadata={"help": "Samples per held-out problem (mean@k)."})
-    eval_limit: int | None = field(default=128, metadata={
-        "help": "Held-out problems per benchmark (the first N); empty for all."})
+    eval_limit: int | None = field(
+        default=128, metadata={"help": "Held-out problems per benchmark (the first N); empty for all."}
+    )
 
     def __post_init__(self) -> None:
         self._check_lanpo_fields()
@@ -150,22 +215,33 @@ class LanpoConfig(GRPOConfig):
                 "feedback from that group's own rollouts)."
             )
         if self.feedback_ratio > 0 and self.use_liger_kernel:
-            raise ValueError(f"context_in_loss={self.context_in_loss} changes GRPOTrainer's own loss on feedback rows "
-                             "(weights, shaping, their KL); the Liger kernel loss bypasses it: set use_liger_kernel "
-                             "false or feedback_ratio 0.")
+            raise ValueError(
+                f"context_in_loss={self.context_in_loss} changes GRPOTrainer's own loss on feedback rows "
+                "(weights, shaping, their KL); the Liger kernel loss bypasses it: set use_liger_kernel "
+                "false or feedback_ratio 0."
+            )
         if self.summaries_per_group > self.num_generations:
-            raise ValueError(f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
-                             f"({self.num_generations}).")
+            raise ValueError(
+                f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
+                f"({self.num_generations})."
+            )
         plan = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
         if plan.scratch == 0 and plan.reflection and self.reflection_source != "pool":
-            until = ("in every step: reflection_source step reflects only on this step's scratch rollouts"
-                     if self.reflection_source == "step" else
-                     "until every problem has attempts in the pool (after the first epoch)")
+            until = (
+                "in every step: reflection_source step reflects only on this step's scratch rollouts"
+                if self.reflection_source == "step"
+                else "until every problem has attempts in the pool (after the first epoch)"
+            )
             logger.warning(
                 "feedback_ratio %s leaves no scratch rollouts in a group of %d: a problem with no stored attempts "
                 "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt, and "
-                "the realized p_t (lanpo/feedback_share) stays below %s %s.", self.feedback_ratio,
-                self.num_generations, plan.reflection, self.feedback_ratio, until)
+                "the realized p_t (lanpo/feedback_share) stays below %s %s.",
+                self.feedback_ratio,
+                self.num_generations,
+                plan.reflection,
+                self.feedback_ratio,
+                until,
+            )
 
     def _check_lanpo_fields(self) -> None:
         def unit(name: str) -> None:
@@ -178,8 +254,10 @@ class LanpoConfig(GRPOConfig):
                 raise ValueError(f"{name} must be one of {', '.join(options)}; got {getattr(self, name)!r}.")
 
         if self.num_generations is not None and self.num_generations < 2:
-            raise ValueError(f"num_generations (G) must be >= 2, got {self.num_generations}: GRPO and LANPO compare "
-                             "rollouts within a group of G.")
+            raise ValueError(
+                f"num_generations (G) must be >= 2, got {self.num_generations}: GRPO and LANPO compare "
+                "rollouts within a group of G."
+            )
         unit("feedback_ratio")
         unit("reflection_share")
         unit("relevance_threshold")
@@ -201,20 +279,26 @@ class LanpoConfig(GRPOConfig):
         if self.summaries_per_group < 0:
             raise ValueError(f"summaries_per_group must be >= 0, got {self.summaries_per_group}.")
         if self.retrieval_candidates < self.retrieval_top_k:
-            raise ValueError(f"retrieval_candidates ({self.retrieval_candidates}) must be >= retrieval_top_k "
-                             f"({self.retrieval_top_k}).")
+            raise ValueError(
+                f"retrieval_candidates ({self.retrieval_candidates}) must be >= retrieval_top_k "
+                f"({self.retrieval_top_k})."
+            )
         if self.strip_ratio_clip <= 0:
             raise ValueError(f"strip_ratio_clip must be > 0, got {self.strip_ratio_clip}.")
         if not self.shaping_gamma > 0:
             raise ValueError(f"shaping_gamma must be > 0, got {self.shaping_gamma}.")
         if self.advantage_grouping == "scratch-baseline" and self.multi_objective_aggregation != "sum_then_normalize":
-            raise ValueError("advantage_grouping=scratch-baseline baselines the summed reward: set "
-                             "multi_objective_aggregation sum_then_normalize (or use separate).")
+            raise ValueError(
+                "advantage_grouping=scratch-baseline baselines the summed reward: set "
+                "multi_objective_aggregation sum_then_normalize (or use separate)."
+            )
         if self.strips_context() and self.use_vllm:
             self._check_vllm_logprobs_match_the_trainer()
         if self.eval_every < 0 or self.eval_k < 1 or (self.eval_limit is not None and self.eval_limit < 1):
-            raise ValueError(f"eval_every must be >= 0 and eval_k, eval_limit >= 1; got {self.eval_every}, "
-                             f"{self.eval_k}, {self.eval_limit}.")
+            raise ValueError(
+                f"eval_every must be >= 0 and eval_k, eval_limit >= 1; got {self.eval_every}, "
+                f"{self.eval_k}, {self.eval_limit}."
+            )
         modes = self.eval_mode_list()
         if not modes or any(m not in EVAL_MODES for m in modes):
             raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")
@@ -239,18 +323,38 @@ class LanpoConfig(GRPOConfig):
         """The strip family compares π(y|x,c) from the sampler with π(y|x) from TRL's forward (logits / T). vLLM
         reports its processed log-probabilities, which differ from that whenever a sampling setting reshapes the
         distribution: refuse those settings here rather than bias every weight."""
-        settings = {"top_p": self.top_p if self.top_p < 1.0 else None, "top_k": self.top_k if self.top_k else None,
-                    "min_p": self.min_p, "repetition_penalty": self.repetition_penalty
-                    if self.repetition_penalty != 1.0 else None}
-        settings.update({f"generation_kwargs.{k}": v for k, v in (self.generation_kwargs or {}).items()
-                         if k in ("top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                                  "frequency_penalty", "logit_bias", "bad_words", "allowed_token_ids", "min_tokens")})
+        settings = {
+            "top_p": self.top_p if self.top_p < 1.0 else None,
+            "top_k": self.top_k if self.top_k else None,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty if self.repetition_penalty != 1.0 else None,
+        }
+        settings.update(
+            {
+                f"generation_kwargs.{k}": v
+                for k, v in (self.generation_kwargs or {}).items()
+                if k
+                in (
+                    "top_p",
+                    "top_k",
+                    "min_p",
+                    "repetition_penalty",
+                    "presence_penalty",
+                    "frequency_penalty",
+                    "logit_bias",
+                    "bad_words",
+                    "allowed_token_ids",
+                    "min_tokens",
+                )
+            }
+        )
         reshaping = {k: v for k, v in settings.items() if v is not None}
         if reshaping:
             raise ValueError(
                 f"context_in_loss={self.context_in_loss} with use_vllm needs vLLM's log-probabilities to be "
                 f"log_softmax(logits / temperature), as TRL's training forward computes them; {reshaping} reshape "
-                "vLLM's reported values. Unset them, or use context_in_loss keep.")
+                "vLLM's reported values. Unset them, or use context_in_loss keep."
+            )
 
     def eval_mode_list(self) -> list[str]:
         return [m.strip() for m in self.eval_modes.split(",") if m.strip()]
@@ -306,8 +410,10 @@ def check_value_types(values: dict, dataclass_types: tuple, where: str) -> None:
             wanted = " or ".join(sorted(t.__name__ for t in origins if t is not type(None)))
             raise ValueError(f"{where}: {name} is {kind} ({value!r}); it takes one {wanted}.")
         if isinstance(value, list | dict) and literal:
-            raise ValueError(f"{where}: {name} is {'a list' if isinstance(value, list) else 'a mapping'} "
-                             f"({value!r}); it takes one of its choices.")
+            raise ValueError(
+                f"{where}: {name} is {'a list' if isinstance(value, list) else 'a mapping'} "
+                f"({value!r}); it takes one of its choices."
+            )
 
 
 def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
@@ -330,9 +436,8 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
         try:
             loaded = yaml.safe_load(raw.decode("utf-8"))
         except UnicodeDecodeError as error:
-            line = raw[:error.start].count(b"\n") + 1
-            raise ValueError(f"--config {path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") \
-                from None
+            line = raw[: error.start].count(b"\n") + 1
+            raise ValueError(f"--config {path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
         except yaml.YAMLError as error:
             raise ValueError(f"--config {path} is not valid YAML: {error}") from None
         if not isinstance(loaded, dict):

@@ -40,7 +40,7 @@ def bucket_by_prompt_length(batch: dict[str, Any], num_chunks: int) -> list[dict
     size, width = len(order) // num_chunks, batch["completion_mask"].size(1)
     chunks = []
     for c in range(num_chunks):
-        idx = order[c * size:(c + 1) * size]
+        idx = order[c * size : (c + 1) * size]
         prompt_mask, completion_mask = batch["prompt_mask"][idx], batch["completion_mask"][idx]
         first = int(prompt_mask.any(0).int().argmax()) if prompt_mask.any() else prompt_mask.size(1)
         used = completion_mask.any(0).nonzero()
@@ -87,18 +87,23 @@ class LossHooks:
 
     def _buckets_apply(self) -> bool:
         args = self.args
-        return (args.context_in_loss == "keep" and args.steps_per_generation > 1
-                and args.steps_per_generation == args.gradient_accumulation_steps
-                and args.loss_type in COMPOSITION_FREE_LOSSES and not getattr(self, "_entropy_bonus_enabled", False)
-                and args.group_plan(self.state.global_step).scratch < self.num_generations)
+        return (
+            args.context_in_loss == "keep"
+            and args.steps_per_generation > 1
+            and args.steps_per_generation == args.gradient_accumulation_steps
+            and args.loss_type in COMPOSITION_FREE_LOSSES
+            and not getattr(self, "_entropy_bonus_enabled", False)
+            and args.group_plan(self.state.global_step).scratch < self.num_generations
+        )
 
     def _prepare_inputs(self, generation_batch):
         if not (self.model.training and self._buckets_apply()):
             return super()._prepare_inputs(generation_batch)  # TRL's shuffle and split (p_t = 0 stays GRPO)
         steps = self.args.steps_per_generation
         if self._step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:
-            self._buffered_inputs = bucket_by_prompt_length(self._generate_and_score_completions(generation_batch),
-                                                            steps)
+            self._buffered_inputs = bucket_by_prompt_length(
+                self._generate_and_score_completions(generation_batch), steps
+            )
         return self._buffered_inputs[self._step % steps]
 
     # -- feedback rows in the loss: their weights, shaping and KL -----------------------------------------------
@@ -119,14 +124,21 @@ class LossHooks:
         for i, row in enumerate(rows):
             if row.has_feedback and row.sampler_logps:
                 values = torch.tensor([float("nan") if v is None else v for v in row.sampler_logps[:width]])
-                logps[i, :len(values)] = values.to(device)
+                logps[i, : len(values)] = values.to(device)
         if any_missing:
-            ids, mask = left_pad([r.context_ids if r.context_ids is not None else r.plain_ids for r in rows],
-                                 self.processing_class.pad_token_id, device)
+            ids, mask = left_pad(
+                [r.context_ids if r.context_ids is not None else r.plain_ids for r in rows],
+                self.processing_class.pad_token_id,
+                device,
+            )
             with torch.no_grad():
                 forward, _, _ = self._get_per_token_logps_and_entropies(
-                    self.model, torch.cat([ids, completion_ids], 1), torch.cat([mask, completion_mask], 1), width,
-                    batch_size=self.args.per_device_train_batch_size)
+                    self.model,
+                    torch.cat([ids, completion_ids], 1),
+                    torch.cat([mask, completion_mask], 1),
+                    width,
+                    batch_size=self.args.per_device_train_batch_size,
+                )
             logps = torch.where(torch.tensor(missing, device=device)[:, None], forward, logps)
         output["lanpo_context_logps"] = logps
 
@@ -166,12 +178,20 @@ class LossHooks:
             return
         if args.context_in_loss == "unweighted":
             return
-        weights = capture.kl_weights if args.context_in_loss == "strip" else \
-            objective.sequence_strip_weights(capture.old, context, mask, args.strip_ratio_clip)
+        weights = (
+            capture.kl_weights
+            if args.context_in_loss == "strip"
+            else objective.sequence_strip_weights(capture.old, context, mask, args.strip_ratio_clip)
+        )
         inputs["advantages"] = objective.weight_advantages(inputs["advantages"], weights)
         applied = mask.bool() & torch.isfinite(context)  # feedback rows' tokens
-        stats = torch.stack([(weights * applied).sum(), applied.sum().float(),
-                             ((weights >= args.strip_ratio_clip) & applied).sum().float()])
+        stats = torch.stack(
+            [
+                (weights * applied).sum(),
+                applied.sum().float(),
+                ((weights >= args.strip_ratio_clip) & applied).sum().float(),
+            ]
+        )
         total = self.accelerator.gather(stats[None]).sum(0)
         if total[1] > 0:
             self._metrics["train"]["lanpo/strip_weight_mean"].append(float(total[0] / total[1]))
@@ -182,29 +202,41 @@ class LossHooks:
         term of feedback rows and every row's KL (TRL's k3 on rows sampled under their own prompt, the weighted
         ½r² on rows sampled under a context), normalized as TRL normalizes its own."""
         args, logps, old = self.args, capture.logps, capture.old
-        mask = inputs["completion_mask"] if "tool_mask" not in inputs else \
-            inputs["completion_mask"] * inputs["tool_mask"]
+        mask = (
+            inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
+        )
         per_token = torch.zeros_like(logps)
         if capture.shaped_advantages is not None:
             shaped = objective.shaped_policy_loss(logps, capture.shaped_advantages, args.shaping_gamma)
             per_token = torch.where(_rows(capture.feedback, shaped), shaped, per_token)
         if self.beta != 0.0:
             ref = inputs["ref_per_token_logps"]
-            off_policy = _rows(capture.feedback, logps) if capture.context is not None else \
-                torch.zeros_like(logps, dtype=torch.bool)
+            off_policy = (
+                _rows(capture.feedback, logps)
+                if capture.context is not None
+                else torch.zeros_like(logps, dtype=torch.bool)
+            )
             # k3 only where it is on-policy: elsewhere its inputs are made equal, so that no exp(r) of a feedback
             # token reaches the backward pass (torch.where would multiply its infinite derivative by 0: NaN)
             on_logps = torch.where(off_policy, ref, logps)
-            coef = self._kl_ratio(on_logps, torch.where(off_policy, ref, old), mask) \
-                if args.use_bias_correction_kl else None
+            coef = (
+                self._kl_ratio(on_logps, torch.where(off_policy, ref, old), mask)
+                if args.use_bias_correction_kl
+                else None
+            )
             kl = objective.trl_k3(ref, on_logps, coef)
             if capture.context is not None:
                 kl = torch.where(off_policy, objective.feedback_kl(ref, logps, capture.kl_weights), kl)
             per_token = per_token + self.beta * kl
             self._log_kl(kl.detach(), mask, capture.feedback)
-        scale = objective.LossScale(args.loss_type, self.current_gradient_accumulation_steps,
-                                    self.max_completion_length, float(inputs["num_items_in_batch"]),
-                                    self.accelerator.num_processes, args.steps_per_generation)
+        scale = objective.LossScale(
+            args.loss_type,
+            self.current_gradient_accumulation_steps,
+            self.max_completion_length,
+            float(inputs["num_items_in_batch"]),
+            self.accelerator.num_processes,
+            args.steps_per_generation,
+        )
         return objective.aggregate(per_token, mask, scale)
 
     def _kl_ratio(self, logps: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -217,8 +249,14 @@ class LossHooks:
     def _log_kl(self, kl: torch.Tensor, mask: torch.Tensor, feedback: torch.Tensor) -> None:
         """``kl`` (every token, as TRL logs it), ``kl/scratch`` and ``kl/feedback``, over every process."""
         feedback_mask = mask * feedback[:, None].to(mask.dtype)
-        parts = [(kl * mask).sum(), mask.sum(), (kl * (mask - feedback_mask)).sum(), (mask - feedback_mask).sum(),
-                 (kl * feedback_mask).sum(), feedback_mask.sum()]
+        parts = [
+            (kl * mask).sum(),
+            mask.sum(),
+            (kl * (mask - feedback_mask)).sum(),
+            (mask - feedback_mask).sum(),
+            (kl * feedback_mask).sum(),
+            feedback_mask.sum(),
+        ]
         totals = self.accelerator.reduce(torch.stack([p.float() for p in parts]), reduction="sum")
         for name, k in (("kl", 0), ("kl/scratch", 2), ("kl/feedback", 4)):
             if totals[k + 1] > 0:
@@ -247,8 +285,13 @@ class LossHooks:
         values = self.accelerator.gather(torch.stack(parts)[None])
         finite = ~torch.isnan(values)
         reduce = [torch.min, torch.mean, torch.max, torch.mean, torch.max]
-        names = ["importance_sampling_ratio/min", "importance_sampling_ratio/mean", "importance_sampling_ratio/max",
-                 "sampling_logp_difference/mean", "sampling_logp_difference/max"]
+        names = [
+            "importance_sampling_ratio/min",
+            "importance_sampling_ratio/mean",
+            "importance_sampling_ratio/max",
+            "sampling_logp_difference/mean",
+            "sampling_logp_difference/max",
+        ]
         for k, (name, op) in enumerate(zip(names, reduce)):
             column = values[:, k][finite[:, k]]
             if metrics.get(f"sampling/{name}"):

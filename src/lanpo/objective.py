@@ -44,8 +44,9 @@ def nanstd(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> to
     return torch.sqrt(var)
 
 
-def totals(rewards_per_func: torch.Tensor, weights: torch.Tensor, accuracy_index: int | None) -> tuple[torch.Tensor,
-                                                                                                      torch.Tensor]:
+def totals(
+    rewards_per_func: torch.Tensor, weights: torch.Tensor, accuracy_index: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the weighted reward sum (as TRL logs it) and correctness (the accuracy reward > 0.5, else the
     total > 0). Rows no reward function scored count as 0 and wrong."""
     total = (rewards_per_func * weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
@@ -54,9 +55,14 @@ def totals(rewards_per_func: torch.Tensor, weights: torch.Tensor, accuracy_index
     return total, total > 0
 
 
-def separate_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, has_feedback: Sequence[bool],
-                        group_size: int, scale_rewards: str = "group",
-                        aggregation: str = "sum_then_normalize") -> torch.Tensor:
+def separate_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    has_feedback: Sequence[bool],
+    group_size: int,
+    scale_rewards: str = "group",
+    aggregation: str = "sum_then_normalize",
+) -> torch.Tensor:
     """Advantages of the whole (gathered) batch with feedback and scratch rows of each group normalized apart.
 
     TRL's semantics, applied per subgroup instead of per group: rows that no reward function scored (all NaN)
@@ -68,8 +74,12 @@ def separate_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, h
     weights = weights.to(rewards_per_func.device).unsqueeze(0)
     unscorable = torch.isnan(rewards_per_func).all(dim=1)
     flags = torch.tensor(list(has_feedback), device=rewards_per_func.device)
-    subgroups = [idx for start in range(0, len(flags), group_size) for value in (False, True)
-                 if len(idx := [i for i in range(start, start + group_size) if bool(flags[i]) == value]) > 0]
+    subgroups = [
+        idx
+        for start in range(0, len(flags), group_size)
+        for value in (False, True)
+        if len(idx := [i for i in range(start, start + group_size) if bool(flags[i]) == value]) > 0
+    ]
     if aggregation == "normalize_then_sum":
         per_func = torch.full_like(rewards_per_func, float("nan"))
         for idx in subgroups:
@@ -96,8 +106,9 @@ def separate_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, h
     return torch.nan_to_num(advantages, nan=0.0).float()
 
 
-def strip_weights(plain_logps: torch.Tensor, context_logps: torch.Tensor, completion_mask: torch.Tensor,
-                  clip: float) -> torch.Tensor:
+def strip_weights(
+    plain_logps: torch.Tensor, context_logps: torch.Tensor, completion_mask: torch.Tensor, clip: float
+) -> torch.Tensor:
     """Per-token weights min(π(y|x) / π(y|x,c), ``clip``) from log-probabilities; 1 on padding tokens.
 
     Rows sampled without a context pass their plain log-probabilities as ``context_logps`` (weight exactly 1), and
@@ -113,8 +124,13 @@ def weight_advantages(advantages: torch.Tensor, weights: torch.Tensor) -> torch.
     return advantages.unsqueeze(1) * weights if advantages.dim() == 1 else advantages * weights
 
 
-def scratch_baseline_advantages(rewards_per_func: torch.Tensor, weights: torch.Tensor, has_feedback: Sequence[bool],
-                                group_size: int, scale_rewards: str = "group") -> torch.Tensor:
+def scratch_baseline_advantages(
+    rewards_per_func: torch.Tensor,
+    weights: torch.Tensor,
+    has_feedback: Sequence[bool],
+    group_size: int,
+    scale_rewards: str = "group",
+) -> torch.Tensor:
     """Advantages with the scratch rows as every row's baseline (RLTF-SD).
 
     Scratch rows are normalized among themselves (TRL's semantics on their subgroup). A feedback row's advantage
@@ -129,7 +145,7 @@ def scratch_baseline_advantages(rewards_per_func: torch.Tensor, weights: torch.T
     batch_std = nanstd(rewards) if rewards.numel() > 1 else torch.tensor(0.0)
     advantages = torch.zeros_like(rewards)
     for start in range(0, len(rewards), group_size):
-        group, feedback = rewards[start:start + group_size], flags[start:start + group_size]
+        group, feedback = rewards[start : start + group_size], flags[start : start + group_size]
         scratch = group[~feedback]
         if torch.isnan(scratch).all():
             continue
@@ -139,12 +155,13 @@ def scratch_baseline_advantages(rewards_per_func: torch.Tensor, weights: torch.T
         centred = group - baseline
         if scale_rewards in ("group", "batch"):
             centred = torch.where(feedback, centred / (group_scale + EPS), centred / (scratch_scale + EPS))
-        advantages[start:start + group_size] = centred
+        advantages[start : start + group_size] = centred
     return torch.nan_to_num(advantages, nan=0.0).float()
 
 
-def sequence_strip_weights(plain_logps: torch.Tensor, context_logps: torch.Tensor, completion_mask: torch.Tensor,
-                           clip: float) -> torch.Tensor:
+def sequence_strip_weights(
+    plain_logps: torch.Tensor, context_logps: torch.Tensor, completion_mask: torch.Tensor, clip: float
+) -> torch.Tensor:
     """Per-row weights min(exp(mean_t log π(y_t|x,y<t) − log π(y_t|x,c,y<t)), ``clip``), the geometric mean of the
     per-token ratios over the row (GSPO's sequence-level ratio), broadcast over its tokens; 1 on padding and on rows
     without a context (their ``context_logps`` are not finite)."""

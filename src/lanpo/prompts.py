@@ -90,8 +90,9 @@ def abstraction_text(problem: str, lessons: list[tuple[list[str], list[str]]]) -
             lines.append("Pitfalls:")
             lines += [f"- {p}" for p in pitfalls]
         blocks.append("\n".join(lines))
-    return ABSTRACTION_TEMPLATE.format(problem=problem.strip(), lessons="\n\n".join(blocks),
-                                       instruction=SOLVE_INSTRUCTION)
+    return ABSTRACTION_TEMPLATE.format(
+        problem=problem.strip(), lessons="\n\n".join(blocks), instruction=SOLVE_INSTRUCTION
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -119,8 +120,10 @@ def summary_messages(problem: str, solution: str, correct: bool) -> Messages:
     """The summary prompt; it ends with the assistant's prefilled first heading (see :func:`with_prefill`)."""
     # The verdict is safe here: a summary is only ever shown to *other* problems.
     verdict = "judged correct" if correct else "judged incorrect"
-    return [*user(SUMMARY_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), verdict=verdict)),
-            {"role": "assistant", "content": SUMMARY_PREFILL}]
+    return [
+        *user(SUMMARY_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), verdict=verdict)),
+        {"role": "assistant", "content": SUMMARY_PREFILL},
+    ]
 
 
 def is_prefilled(messages: Messages) -> bool:
@@ -207,7 +210,7 @@ def _from_json(text: str) -> Summary | None:
     if start < 0 or end <= start:
         return None
     try:
-        data = json.loads(text[start:end + 1])
+        data = json.loads(text[start : end + 1])
     except (json.JSONDecodeError, RecursionError):
         return None
     if not isinstance(data, dict):
@@ -222,8 +225,11 @@ def _from_json(text: str) -> Summary | None:
         return []
 
     flow = keys.get("flowofthought") or keys.get("plan") or ""
-    return Summary(str(flow).strip() if not isinstance(flow, list) else " ".join(map(str, flow)),
-                   as_list(keys.get("principles")), as_list(keys.get("pitfalls")))
+    return Summary(
+        str(flow).strip() if not isinstance(flow, list) else " ".join(map(str, flow)),
+        as_list(keys.get("principles")),
+        as_list(keys.get("pitfalls")),
+    )
 
 
 def parse_summary(text: str) -> Summary | None:

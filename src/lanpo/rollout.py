@@ -112,16 +112,18 @@ def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, int, 
         kind = "scratch"
         if plan is not None:
             j = i % g
-            kind = "scratch" if j < plan.scratch else "reflection" if j < plan.scratch + plan.reflection \
-                else "abstraction"
+            kind = (
+                "scratch" if j < plan.scratch else "reflection" if j < plan.scratch + plan.reflection else "abstraction"
+            )
         rows.append(Row(pid, problem, str(item["answer"]), kind))
     return rows
 
 
-def attach_abstractions(rows: list[Row], g: int, retriever: Retriever, counts: Counter,
-                        judge: AbstractContextManager | None = None) -> None:
+def attach_abstractions(
+    rows: list[Row], g: int, retriever: Retriever, counts: Counter, judge: AbstractContextManager | None = None
+) -> None:
     """Give abstraction rows their context: one retrieval per group that has any (none passing γ: plain)."""
-    groups = [s for s in range(0, len(rows), g) if any(r.kind == "abstraction" for r in rows[s:s + g])]
+    groups = [s for s in range(0, len(rows), g) if any(r.kind == "abstraction" for r in rows[s : s + g])]
     if not groups:
         return
     with judge or nullcontext():
@@ -130,7 +132,7 @@ def attach_abstractions(rows: list[Row], g: int, retriever: Retriever, counts: C
         result = build_abstraction_prompt(rows[s].problem, [h.entry for h in hits], problem_id=rows[s].problem_id)
         counts["lessons_dropped"] += sum(n for reason, n in result.dropped_lessons.items() if reason != "same_problem")
         shown = [{"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in hits]
-        for row in rows[s:s + g]:
+        for row in rows[s : s + g]:
             if row.kind == "abstraction":
                 row.context, row.fallback, row.retrieved = result.messages, result.reason, shown
 
@@ -154,8 +156,7 @@ def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
             row.context_ids = ids
 
 
-def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]],
-              index: list[int]) -> list[list[int]]:
+def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]], index: list[int]) -> list[list[int]]:
     """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch."""
     completions, sampled = model.generate_ids([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
     for k, i in enumerate(index):
@@ -163,14 +164,24 @@ def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]],
         rows[i].text = model.decode(completions[k])
         if sampled is not None:
             rows[i].sampler_logps = sampled[k]
-    return completions[len(index):]
+    return completions[len(index) :]
 
 
-def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, *,
-                  retriever: Retriever, pool: ExperiencePool, reflection_source: str, keep_context: bool,
-                  pending: list[Trial], timer: Counter, counts: Counter,
-                  judge: AbstractContextManager | None = None
-                  ) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
+def lanpo_rollout(
+    rows: list[Row],
+    plain_ids: list[list[int]],
+    g: int,
+    model: RolloutModel,
+    *,
+    retriever: Retriever,
+    pool: ExperiencePool,
+    reflection_source: str,
+    keep_context: bool,
+    pending: list[Trial],
+    timer: Counter,
+    counts: Counter,
+    judge: AbstractContextManager | None = None,
+) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
     """Generate one completion per row; returns TRL's rollout output, the summaries that ended as ``(trial, text)``
     and the trials whose summaries go on in the next batch."""
     start = time.perf_counter()
@@ -179,10 +190,10 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
         row.plain_ids = ids
     deferred = set()  # groups whose reflection rows wait for this step's scratch attempts (phase B)
     for s in range(0, len(rows), g):
-        if any(r.kind == "reflection" for r in rows[s:s + g]):
+        if any(r.kind == "reflection" for r in rows[s : s + g]):
             stored = reflection_source != "step" and bool(pool.attempts(rows[s].problem_id, limit=1))
             if stored or reflection_source == "pool":  # the context is known now: these rows join phase A
-                attach_reflections(rows[s:s + g], [], pool)
+                attach_reflections(rows[s : s + g], [], pool)
             else:
                 deferred.add(s)
     timer["retrieve"] += time.perf_counter() - start
@@ -202,7 +213,7 @@ def lanpo_rollout(rows: list[Row], plain_ids: list[list[int]], g: int, model: Ro
     if phase_b:  # reward-agnostic reflection on this step's scratch attempts at the same problem
         start = time.perf_counter()
         for s in sorted(deferred):
-            group = rows[s:s + g]
+            group = rows[s : s + g]
             attach_reflections(group, [r.text for r in group if r.kind == "scratch" and r.text.strip()], pool)
         _tokenize_contexts(model, [rows[i] for i in phase_b])
         timer["retrieve"] += time.perf_counter() - start
@@ -227,8 +238,9 @@ def _summary_text(model: RolloutModel, trial: Trial) -> str:
     return with_prefill(summary_prompt(trial), model.decode(trial.summary_ids))
 
 
-def continue_summaries(model: RolloutModel, pending: list[Trial], completions: list[list[int]],
-                       final: bool = False) -> tuple[list[tuple[Trial, str]], list[Trial]]:
+def continue_summaries(
+    model: RolloutModel, pending: list[Trial], completions: list[list[int]], final: bool = False
+) -> tuple[list[tuple[Trial, str]], list[Trial]]:
     """Append each trial's new tokens to its summary (cut at ``summary_max_length``); ``(finished (trial, text),
     carried)``: a summary has finished at an end-of-sequence token, at its limit, or when a completion stopped
     short of the generation's limit; the others are carried to the next batch (``final``: none is)."""
@@ -251,24 +263,36 @@ def summarize_apart(model: RolloutModel, pending: list[Trial]) -> list[str]:
     return [text for _, text in continue_summaries(model, pending, completions, final=True)[0]]
 
 
-def choose_trials(rows: list[Row], rewards: Sequence[float], correct: Sequence[bool], g: int, budget: int,
-                  step: int, rank: int = 0) -> list[Trial]:
+def choose_trials(
+    rows: list[Row], rewards: Sequence[float], correct: Sequence[bool], g: int, budget: int, step: int, rank: int = 0
+) -> list[Trial]:
     """Per group, up to ``budget`` trials to summarize: right and wrong ones alternate when both exist."""
     trials = []
     for s in range(0, len(rows) if budget else 0, g):
         idx = [i for i in range(s, s + g) if rows[i].text.strip()]
         right = [i for i in idx if correct[i]]
         wrong = [i for i in idx if not correct[i]]
-        order = [x for pair in zip(right, wrong) for x in pair] + right[len(wrong):] + wrong[len(right):]
+        order = [x for pair in zip(right, wrong) for x in pair] + right[len(wrong) :] + wrong[len(right) :]
         for i in order[:budget]:
             r = rows[i]
-            trials.append(Trial(r.problem_id, r.problem, r.text, bool(correct[i]), gold=r.gold,
-                                reward=float(rewards[i]), step=step, rollout_id=f"{step}:{rank}:{i}"))
+            trials.append(
+                Trial(
+                    r.problem_id,
+                    r.problem,
+                    r.text,
+                    bool(correct[i]),
+                    gold=r.gold,
+                    reward=float(rewards[i]),
+                    step=step,
+                    rollout_id=f"{step}:{rank}:{i}",
+                )
+            )
     return trials
 
 
 def attempts_to_store(rows: list[Row], step: int) -> list[Attempt]:
     """Rollouts from the plain prompt become stored attempts (text only, no grade) for later reflection: scratch
     rows, and feedback rows that fell back to the plain prompt (at p_t 1.0 the only attempts a problem gets)."""
-    return [Attempt(r.problem_id, r.problem, clip(r.text), step=step)
-            for r in rows if not r.has_feedback and r.text.strip()]
+    return [
+        Attempt(r.problem_id, r.problem, clip(r.text), step=step) for r in rows if not r.has_feedback and r.text.strip()
+    ]

@@ -54,15 +54,20 @@ def entry_from_summary(trial: Trial, text: str, stats: Counter | None = None) ->
         return None
     stats["parsed"] += 1
     return PoolEntry(
-        problem_id=trial.problem_id, problem=trial.problem, flow_of_thought=summary.flow_of_thought,
-        principles=principles, pitfalls=pitfalls, step=trial.step,
-        rollout_ids=[trial.rollout_id] if trial.rollout_id else [], correct=trial.correct, reward=trial.reward,
+        problem_id=trial.problem_id,
+        problem=trial.problem,
+        flow_of_thought=summary.flow_of_thought,
+        principles=principles,
+        pitfalls=pitfalls,
+        step=trial.step,
+        rollout_ids=[trial.rollout_id] if trial.rollout_id else [],
+        correct=trial.correct,
+        reward=trial.reward,
         model_step=trial.step,
     )
 
 
-def summarize_trials(trials: Sequence[Trial], generate: GenerateFn,
-                     stats: Counter | None = None) -> list[PoolEntry]:
+def summarize_trials(trials: Sequence[Trial], generate: GenerateFn, stats: Counter | None = None) -> list[PoolEntry]:
     """Summarize trials in one batch. Unparseable outputs are counted in ``stats`` and skipped.
 
     ``generate`` returns whole replies (including the prefilled first heading, see ``prompts.with_prefill``).

@@ -58,10 +58,20 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
     _tag_names = ["trl", "grpo", "lanpo"]
     _name = "LANPO"
 
-    def __init__(self, model, reward_funcs=None, args: LanpoConfig | None = None, train_dataset=None,
-                 eval_dataset=None, processing_class=None, callbacks=None, optimizers=(None, None),
-                 peft_config=None, pool: ExperiencePool | None = None,
-                 eval_problems: dict[str, list] | None = None) -> None:
+    def __init__(
+        self,
+        model,
+        reward_funcs=None,
+        args: LanpoConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        processing_class=None,
+        callbacks=None,
+        optimizers=(None, None),
+        peft_config=None,
+        pool: ExperiencePool | None = None,
+        eval_problems: dict[str, list] | None = None,
+    ) -> None:
         args = args if args is not None else LanpoConfig(output_dir="runs/lanpo")
         if not isinstance(args, LanpoConfig):
             raise TypeError(f"LanpoTrainer needs a LanpoConfig, got {type(args).__name__}.")
@@ -70,10 +80,18 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         vllm_cpu.prepare(args)
         with warnings.catch_warnings():  # lanpo pins trl<2 and tests the rollout_func API it relies on
             warnings.filterwarnings("ignore", message=".*'rollout_func'.*experimental", category=UserWarning)
-            super().__init__(model=model, reward_funcs=reward_funcs or [make_accuracy_reward(self.verifier)],
-                             args=args, train_dataset=train_dataset, eval_dataset=eval_dataset,
-                             processing_class=processing_class, callbacks=callbacks, optimizers=optimizers,
-                             peft_config=peft_config, rollout_func=self._rollout)
+            super().__init__(
+                model=model,
+                reward_funcs=reward_funcs or [make_accuracy_reward(self.verifier)],
+                args=args,
+                train_dataset=train_dataset,
+                eval_dataset=eval_dataset,
+                processing_class=processing_class,
+                callbacks=callbacks,
+                optimizers=optimizers,
+                peft_config=peft_config,
+                rollout_func=self._rollout,
+            )
         vllm_cpu.use_reload_weights(self)
         self.run_dir, main = Path(args.output_dir), self.accelerator.is_main_process
         if main:
@@ -82,31 +100,43 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             self.add_callback(MetricsFileCallback(self.run_dir / "metrics.jsonl"))
         # Every process keeps the same pool (entries are gathered before insertion); the main process's is
         # the run's file, the others live in memory.
-        self.pool = pool or ExperiencePool(self.run_dir / POOL_FILENAME if main else ":memory:",
-                                           cap_per_problem=args.pool_cap, attempts_per_problem=args.pool_attempts_cap)
+        self.pool = pool or ExperiencePool(
+            self.run_dir / POOL_FILENAME if main else ":memory:",
+            cap_per_problem=args.pool_cap,
+            attempts_per_problem=args.pool_attempts_cap,
+        )
         scorer = make_scorer(args.relevance_scorer, self.model, self.processing_class, args.embedding_model)
-        self.retriever = Retriever(self.pool, scorer, gamma=args.relevance_threshold, top_k=args.retrieval_top_k,
-                                   candidates=args.retrieval_candidates)
+        self.retriever = Retriever(
+            self.pool,
+            scorer,
+            gamma=args.relevance_threshold,
+            top_k=args.retrieval_top_k,
+            candidates=args.retrieval_candidates,
+        )
         if isinstance(scorer, LLMJudgeScorer) and self.accelerator.num_processes > 1:  # same forwards on every rank
             scorer.sync_batches = lambda n: max(gather_object([n]))
-        self._accuracy_index = self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names \
-            else None
+        self._accuracy_index = (
+            self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names else None
+        )
         self._model_io = rollout.RolloutModel(
             tokenize=lambda prompts: [list(ids) for ids in self._tokenize_prompts(prompts)[0]],
             tokenize_summary=lambda messages: chat_ids(self.processing_class, messages),
             generate_ids=lambda ids: self._generate_ids(ids),  # late-bound: tests and subclasses may swap it
             decode=lambda ids: self.processing_class.decode(ids, skip_special_tokens=True),
             summary_ids=length_limit(self, args.summary_max_length)(lambda ids: self._generate_ids(ids)[0]),
-            summary_max_length=args.summary_max_length, max_new_tokens=self.max_completion_length,
-            stop_ids=frozenset(self.eos_token_ids))
+            summary_max_length=args.summary_max_length,
+            max_new_tokens=self.max_completion_length,
+            stop_ids=frozenset(self.eos_token_ids),
+        )
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
         self._batch_inputs, self._rewards_per_func = None, None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
         if args.eval_every:
-            self.add_callback(TrainingEval(self, eval_problems or load_eval_problems(args.eval_benchmarks,
-                                                                                     args.eval_limit)))
+            self.add_callback(
+                TrainingEval(self, eval_problems or load_eval_problems(args.eval_benchmarks, args.eval_limit))
+            )
 
     # -- generation ------------------------------------------------------------------------------------------
 
@@ -123,13 +153,20 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             completion_ids, logprobs = self._generate_single_turn(prompt_ids, None, {}, 1)
         else:  # TRL's transformers path, with the sampled tokens' log-probabilities recorded
             ids, mask = left_pad(prompt_ids, self._tokenizer.pad_token_id, self.accelerator.device)
-            with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                              gather_deepspeed3_params=self.args.ds3_gather_for_generation,
-                                              generation_kwargs=self.generation_kwargs,
-                                              gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs)
-                  as model, torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
-                completion_ids, logprobs = sample_with_logprobs(model, ids, mask, self.generation_config,
-                                                                self.eos_token_ids)
+            with (
+                unwrap_model_for_generation(
+                    self.model_wrapped,
+                    self.accelerator,
+                    gather_deepspeed3_params=self.args.ds3_gather_for_generation,
+                    generation_kwargs=self.generation_kwargs,
+                    gradient_checkpointing_kwargs=self.args.gradient_checkpointing_kwargs,
+                ) as model,
+                torch.no_grad(),
+                self._dist.summon_full_params(self.model_wrapped, recurse=False),
+            ):
+                completion_ids, logprobs = sample_with_logprobs(
+                    model, ids, mask, self.generation_config, self.eos_token_ids
+                )
         return [list(c) for c in completion_ids[:n]], logprobs[:n] if logprobs is not None else None
 
     def _any_process(self, flag: bool) -> bool:
@@ -161,10 +198,19 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         self._rows = rollout.make_rows(inputs, g, plan)
         pending, self._pending = self._pending, []
         output, finished, self._pending = rollout.lanpo_rollout(
-            self._rows, self._model_io.tokenize(prompts), g, self._model_io, retriever=self.retriever,
-            pool=self.pool, reflection_source=self.args.reflection_source,
-            keep_context=self.args.context_in_loss == "keep", pending=pending, timer=self._timer,
-            counts=self._step_counts, judge=self._judge_model())
+            self._rows,
+            self._model_io.tokenize(prompts),
+            g,
+            self._model_io,
+            retriever=self.retriever,
+            pool=self.pool,
+            reflection_source=self.args.reflection_source,
+            keep_context=self.args.context_in_loss == "keep",
+            pending=pending,
+            timer=self._timer,
+            counts=self._step_counts,
+            judge=self._judge_model(),
+        )
         self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
         self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
         if not self.use_vllm:  # TRL's transformers path has no sampler log-probabilities: rows keep them
@@ -177,9 +223,13 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         if not isinstance(self.retriever.scorer, LLMJudgeScorer):
             yield
             return
-        with (unwrap_model_for_generation(self.model_wrapped, self.accelerator,
-                                          gather_deepspeed3_params=self.args.ds3_gather_for_generation) as model,
-              torch.no_grad(), self._dist.summon_full_params(self.model_wrapped, recurse=False)):
+        with (
+            unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+            ) as model,
+            torch.no_grad(),
+            self._dist.summon_full_params(self.model_wrapped, recurse=False),
+        ):
             self.retriever.scorer.model = model
             yield
 
@@ -221,21 +271,29 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
     def _local(self, tensor: torch.Tensor) -> torch.Tensor:
         """This process's rows of a tensor gathered over every process (TRL gathers in process order)."""
         n = len(self._rows)
-        return tensor[self.accelerator.process_index * n:(self.accelerator.process_index + 1) * n]
+        return tensor[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
 
     def _after_rollouts(self, output: dict) -> None:
         rows, step, g = self._rows, self.state.global_step, self.num_generations
-        rewards, correct = (t.cpu() for t in objective.totals(self._local(self._rewards_per_func),
-                                                               self.reward_weights, self._accuracy_index))
+        rewards, correct = (
+            t.cpu()
+            for t in objective.totals(self._local(self._rewards_per_func), self.reward_weights, self._accuracy_index)
+        )
         if self.args.advantage_grouping != "shared":  # on the whole (gathered) batch, as TRL normalizes
             flags = [f for part in gather_object([[r.has_feedback for r in rows]]) for f in part]
             if self.args.advantage_grouping == "separate":
-                advantages = objective.separate_advantages(self._rewards_per_func, self.reward_weights, flags, g,
-                                                           self.args.scale_rewards,
-                                                           self.args.multi_objective_aggregation)
+                advantages = objective.separate_advantages(
+                    self._rewards_per_func,
+                    self.reward_weights,
+                    flags,
+                    g,
+                    self.args.scale_rewards,
+                    self.args.multi_objective_aggregation,
+                )
             else:
-                advantages = objective.scratch_baseline_advantages(self._rewards_per_func, self.reward_weights,
-                                                                   flags, g, self.args.scale_rewards)
+                advantages = objective.scratch_baseline_advantages(
+                    self._rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards
+                )
             output["advantages"] = self._local(advantages).to(output["advantages"])
         if self.args.group_plan(step).feedback:  # feedback planned: the loss treats feedback rows (lanpo.loss_hooks)
             self._attach_feedback_inputs(output)
@@ -243,22 +301,38 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 self._strip_vllm_correction(output)
         self._log_step_metrics(rewards, correct)
         if self.log_completions:  # TRL's completions table logged feedback rows with their plain prompt
-            runlog.real_prompts(self._logs["prompt"], [c for part in gather_object([[r.context for r in rows]]) for c in part])
-        trials = rollout.choose_trials(rows, rewards.tolist(), correct.tolist(), g, self.args.summaries_per_group,
-                                       step, self.accelerator.process_index)
+            runlog.real_prompts(
+                self._logs["prompt"], [c for part in gather_object([[r.context for r in rows]]) for c in part]
+            )
+        trials = rollout.choose_trials(
+            rows,
+            rewards.tolist(),
+            correct.tolist(),
+            g,
+            self.args.summaries_per_group,
+            step,
+            self.accelerator.process_index,
+        )
         for batch in gather_object([rollout.attempts_to_store(rows, step)]):
             self.pool.add_attempts(batch)
         self._pending += trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
-            write_samples(self.run_dir / "samples.jsonl", rows, rewards.tolist(), step, self.args.log_samples, g,
-                          correct.tolist())
+            write_samples(
+                self.run_dir / "samples.jsonl", rows, rewards.tolist(), step, self.args.log_samples, g, correct.tolist()
+            )
             write_retrievals(self.run_dir / "retrievals.jsonl", rows, step, g)
 
     def _log_step_metrics(self, rewards: torch.Tensor, correct: torch.Tensor) -> None:
         local = [row_record(r, rw, c) for r, rw, c in zip(self._rows, rewards.tolist(), correct.tolist())]
         records = [x for part in gather_object([local]) for x in part]
-        values = step_metrics(records, self.args.feedback_ratio_at(self.state.global_step), self.pool.stats(),
-                              self.retriever.stats.as_metrics(), self._summary_stats, self._step_counts)
+        values = step_metrics(
+            records,
+            self.args.feedback_ratio_at(self.state.global_step),
+            self.pool.stats(),
+            self.retriever.stats.as_metrics(),
+            self._summary_stats,
+            self._step_counts,
+        )
         for key, value in values.items():
             self._metrics["train"][key].append(value)
         self.retriever.stats, self._summary_stats, self._step_counts = RetrievalStats(), Counter(), Counter()
@@ -293,23 +367,32 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 self.pool.backup(staged / POOL_FILENAME)
                 if (self.run_dir / "config.yaml").is_file():  # what this checkpoint was trained with
                     shutil.copyfile(self.run_dir / "config.yaml", staged / "config.yaml")
-            checkpoints.write_state(staged, self.accelerator.process_index, self.accelerator.num_processes,
-                                    self.state.global_step, self._pending)
+            checkpoints.write_state(
+                staged,
+                self.accelerator.process_index,
+                self.accelerator.num_processes,
+                self.state.global_step,
+                self._pending,
+            )
             self.accelerator.wait_for_everyone()
             if self.accelerator.is_main_process:
-                checkpoints.commit(staged, run_dir / name, self.args.save_total_limit,
-                                   self.state.best_model_checkpoint)
+                checkpoints.commit(staged, run_dir / name, self.args.save_total_limit, self.state.best_model_checkpoint)
         self.accelerator.wait_for_everyone()
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        self._pending = checkpoints.restore(Path(checkpoint), self.pool, self.accelerator.process_index,
-                                            self.accelerator.num_processes, self.run_dir)
+        self._pending = checkpoints.restore(
+            Path(checkpoint), self.pool, self.accelerator.process_index, self.accelerator.num_processes, self.run_dir
+        )
         self.retriever.rebuild()
-        logger.info("Resumed the experience pool from %s (%d entries, %d pending summaries)", checkpoint,
-                    len(self.pool), len(self._pending))
+        logger.info(
+            "Resumed the experience pool from %s (%d entries, %d pending summaries)",
+            checkpoint,
+            len(self.pool),
+            len(self._pending),
+        )
 
     def train(self, *args, **kwargs):
         result = super().train(*args, **kwargs)

@@ -27,9 +27,21 @@ class Browser:
             os.dup2(write, 4)
 
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-             "--remote-debugging-pipe", f"--window-size={width},{height}", "about:blank"],
-            preexec_fn=wire, close_fds=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--remote-debugging-pipe",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            preexec_fn=wire,
+            close_fds=False,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.close(to_chrome)
         os.close(from_chrome)
         self.timeout, self._next_id, self._buffer = timeout, 0, b""
@@ -69,8 +81,9 @@ class Browser:
 
     def open(self, url: str) -> None:
         target = self.call("Target.createTarget", {"url": "about:blank"}, browser=True)["targetId"]
-        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True},
-                                 browser=True)["sessionId"]
+        self.session = self.call("Target.attachToTarget", {"targetId": target, "flatten": True}, browser=True)[
+            "sessionId"
+        ]
         for domain in ("Runtime", "Log", "Page"):
             self.call(f"{domain}.enable")
         self.call("Page.navigate", {"url": url})
@@ -91,14 +104,19 @@ class Browser:
 
     def click(self, selector: str, text: str | None = None) -> None:
         """A real mouse click at the centre of the first element matching ``selector`` (and ``text``)."""
-        find = (f"[...document.querySelectorAll({json.dumps(selector)})]"
-                f".find(e => {json.dumps(text)} === null || e.textContent.trim() === {json.dumps(text)})")
+        find = (
+            f"[...document.querySelectorAll({json.dumps(selector)})]"
+            f".find(e => {json.dumps(text)} === null || e.textContent.trim() === {json.dumps(text)})"
+        )
         self.js(f"{find}.scrollIntoView({{block: 'center'}})")
-        box = self.js(f"(() => {{ const r = {find}.getBoundingClientRect(); "
-                      "return [r.left + r.width / 2, r.top + r.height / 2]; })()")
+        box = self.js(
+            f"(() => {{ const r = {find}.getBoundingClientRect(); "
+            "return [r.left + r.width / 2, r.top + r.height / 2]; })()"
+        )
         for kind in ("mousePressed", "mouseReleased"):
-            self.call("Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left",
-                                                   "clickCount": 1})
+            self.call(
+                "Input.dispatchMouseEvent", {"type": kind, "x": box[0], "y": box[1], "button": "left", "clickCount": 1}
+            )
 
     def type(self, selector: str, text: str) -> None:
         self.click(selector)
@@ -106,8 +124,10 @@ class Browser:
 
     def select(self, selector: str, option: str, index: int = 0) -> None:
         """Choose ``option`` in the ``index``-th ``<select>`` matching ``selector`` (as a user's choice fires it)."""
-        self.js(f"(() => {{ const s = document.querySelectorAll({json.dumps(selector)})[{index}]; "
-                f"s.value = {json.dumps(option)}; s.dispatchEvent(new Event('change')); }})()")
+        self.js(
+            f"(() => {{ const s = document.querySelectorAll({json.dumps(selector)})[{index}]; "
+            f"s.value = {json.dumps(option)}; s.dispatchEvent(new Event('change')); }})()"
+        )
 
     def errors(self) -> list[str]:
         """Uncaught exceptions, console.error calls and error log entries seen so far."""

@@ -24,28 +24,44 @@ def pool_digest(model_dir: Path, out: Path) -> None:
     stub_summaries(trainer)
     trainer.train()
     state = trainer.accelerator.state
-    (out / f"rank{state.process_index}.json").write_text(json.dumps({
-        "world_size": state.num_processes, "digest": trainer.pool.digest(), "entries": len(trainer.pool),
-    }))
+    (out / f"rank{state.process_index}.json").write_text(
+        json.dumps(
+            {
+                "world_size": state.num_processes,
+                "digest": trainer.pool.digest(),
+                "entries": len(trainer.pool),
+            }
+        )
+    )
 
 
 def advantages(model_dir: Path, out: Path, grouping: str) -> None:
-    trainer = make_trainer(model_dir, out, grouping, max_steps=2, per_device_train_batch_size=4,
-                           advantage_grouping=grouping, scale_rewards="batch", feedback_ratio=0.5)
+    trainer = make_trainer(
+        model_dir,
+        out,
+        grouping,
+        max_steps=2,
+        per_device_train_batch_size=4,
+        advantage_grouping=grouping,
+        scale_rewards="batch",
+        feedback_ratio=0.5,
+    )
     stub_summaries(trainer)
     steps, after = [], trainer._after_rollouts
 
     def record(output):
         after(output)
         flags = [f for part in gather_object([[r.has_feedback for r in trainer._rows]]) for f in part]
-        steps.append({"advantages": output["advantages"].tolist(), "rewards": trainer._rewards_per_func.tolist(),
-                      "flags": flags})
+        steps.append(
+            {"advantages": output["advantages"].tolist(), "rewards": trainer._rewards_per_func.tolist(), "flags": flags}
+        )
 
     trainer._after_rollouts = record
     trainer.train()
     rank = trainer.accelerator.process_index
-    (out / f"{grouping}-rank{rank}.json").write_text(json.dumps({"weights": trainer.reward_weights.tolist(),
-                                                                 "steps": steps}))
+    (out / f"{grouping}-rank{rank}.json").write_text(
+        json.dumps({"weights": trainer.reward_weights.tolist(), "steps": steps})
+    )
 
 
 if __name__ == "__main__":

@@ -67,8 +67,11 @@ def _report(folder: str) -> None:
 
     def record(self, output):
         after(self, output)
-        self._recorded = {"rewards_per_func": self._rewards_per_func.tolist(),
-                          "flags": [r.has_feedback for r in self._rows], "advantages": output["advantages"].tolist()}
+        self._recorded = {
+            "rewards_per_func": self._rewards_per_func.tolist(),
+            "flags": [r.has_feedback for r in self._rows],
+            "advantages": output["advantages"].tolist(),
+        }
 
     LanpoTrainer._after_rollouts = record
 
@@ -76,9 +79,15 @@ def _report(folder: str) -> None:
         result = original(self, *args, **kwargs)
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, f"rank{self.accelerator.process_index}.json"), "w") as handle:
-            json.dump({"digest": self.pool.digest(), "world_size": self.accelerator.num_processes,
-                       "rollout_ids": [r for e in self.pool.entries() for r in e.rollout_ids],
-                       **getattr(self, "_recorded", {})}, handle)
+            json.dump(
+                {
+                    "digest": self.pool.digest(),
+                    "world_size": self.accelerator.num_processes,
+                    "rollout_ids": [r for e in self.pool.entries() for r in e.rollout_ids],
+                    **getattr(self, "_recorded", {}),
+                },
+                handle,
+            )
         return result
 
     LanpoTrainer.train = train

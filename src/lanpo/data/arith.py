@@ -5,8 +5,28 @@ from __future__ import annotations
 import hashlib
 import random
 
-NAMES = ["Ava", "Ben", "Cara", "Dev", "Eli", "Fay", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena", "Milo", "Nia",
-         "Omar", "Pia", "Quinn", "Rosa", "Sam", "Tara"]
+NAMES = [
+    "Ava",
+    "Ben",
+    "Cara",
+    "Dev",
+    "Eli",
+    "Fay",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jo",
+    "Kai",
+    "Lena",
+    "Milo",
+    "Nia",
+    "Omar",
+    "Pia",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tara",
+]
 ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "shells", "coins", "cards", "balloons"]
 
 
@@ -22,16 +42,19 @@ def _arith_level(level: int, rng: random.Random) -> tuple[str, int]:
         a, b = d(), d()
         if rng.random() < 0.5:
             return rng.choice(["What is {a} + {b}?", "Compute {a} + {b}.", "Find the sum of {a} and {b}."]).format(
-                a=a, b=b), a + b
+                a=a, b=b
+            ), a + b
         a, b = max(a, b), min(a, b)
         return rng.choice(["What is {a} - {b}?", "Compute {a} - {b}.", "Subtract {b} from {a}."]).format(
-            a=a, b=b), a - b
+            a=a, b=b
+        ), a - b
     if level == 2:
         a, b = d(2), d(2)
         kind = rng.randrange(3)
         if kind == 0:
             return rng.choice(["What is {a} \u00d7 {b}?", "Compute {a} times {b}.", "What is {a} * {b}?"]).format(
-                a=a, b=b), a * b
+                a=a, b=b
+            ), a * b
         if kind == 1:
             return f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b
         a, b = max(a, b) + d(), min(a, b)
@@ -50,8 +73,9 @@ def _arith_level(level: int, rng: random.Random) -> tuple[str, int]:
         if kind == 1:
             a = a + b  # keep the result non-negative
             return f"What is {a} - {b} + {c}?", a - b + c
-        return (f"{name} has {a} {item}. {name} buys {b} more and then finds {c} more. "
-                f"How many {item} does {name} have?"), a + b + c
+        return (
+            f"{name} has {a} {item}. {name} buys {b} more and then finds {c} more. How many {item} does {name} have?"
+        ), a + b + c
     if level == 5:
         a, b, c = d(2), d(2), d()
         kind = rng.randrange(3)
@@ -59,8 +83,10 @@ def _arith_level(level: int, rng: random.Random) -> tuple[str, int]:
             return f"What is ({a} + {b}) \u00d7 {c}?", (a + b) * c
         if kind == 1:
             return f"What is {a} \u00d7 {b} + {c}?", a * b + c
-        return (f"{name} buys {a} bags with {b} {item} in each bag, then gives away {c} {item}. "
-                f"How many {item} does {name} have left?"), a * b - c
+        return (
+            f"{name} buys {a} bags with {b} {item} in each bag, then gives away {c} {item}. "
+            f"How many {item} does {name} have left?"
+        ), a * b - c
     raise ValueError(f"builtin:arith has levels 1 to 5, not {level}.")
 
 

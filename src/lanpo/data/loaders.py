@@ -107,8 +107,22 @@ def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | N
 
 
 # Fields that hold worked solutions or metadata: long, but not part of the problem.
-NOT_PROBLEM_TEXT = {"solution", "answer", "rationale", "explanation", "reasoning", "url", "source", "equation",
-                    "type", "level", "subject", "difficulty", "unique_id", "id"}
+NOT_PROBLEM_TEXT = {
+    "solution",
+    "answer",
+    "rationale",
+    "explanation",
+    "reasoning",
+    "url",
+    "source",
+    "equation",
+    "type",
+    "level",
+    "subject",
+    "difficulty",
+    "unique_id",
+    "id",
+}
 LONG_TEXT = 40  # characters: a field this long may hold facts the problem needs
 
 
@@ -130,8 +144,11 @@ def _fill(template: str, row: dict) -> str | None:
 
 
 def _unused_long_fields(row: dict, used: set[str]) -> list[str]:
-    return sorted(str(k) for k, v in row.items() if isinstance(v, str) and len(v) >= LONG_TEXT
-                  and str(k) not in used and str(k).lower() not in NOT_PROBLEM_TEXT)
+    return sorted(
+        str(k)
+        for k, v in row.items()
+        if isinstance(v, str) and len(v) >= LONG_TEXT and str(k) not in used and str(k).lower() not in NOT_PROBLEM_TEXT
+    )
 
 
 def rows_to_problems(
@@ -164,21 +181,33 @@ def rows_to_problems(
         p_key = None if problem_template else _pick(row, problem_field, PROBLEM_FIELDS)
         a_key = _pick(row, answer_field, ANSWER_FIELDS)
         if not fields_checked:
-            missing = [f for f in (template_fields(problem_template) if problem_template else []) if
-                       _pick(row, f, ()) is None]
+            missing = [
+                f for f in (template_fields(problem_template) if problem_template else []) if _pick(row, f, ()) is None
+            ]
             if (p_key is None and not problem_template) or a_key is None or missing:
-                what = f"the template field(s) {missing}" if missing else \
-                    f"the {'problem' if p_key is None and not problem_template else 'answer'} field"
-                raise DataError(f"{source}: cannot find {what} in rows with fields {sorted(map(str, row))} "
-                                "(names match case-insensitively); pass --problem-field / --answer-field / "
-                                "--problem-template.")
-            used = {p_key, a_key, _pick(row, id_field, ID_FIELDS)} | {_pick(row, f, ()) for f in
-                                                                       template_fields(problem_template or "")}
+                what = (
+                    f"the template field(s) {missing}"
+                    if missing
+                    else f"the {'problem' if p_key is None and not problem_template else 'answer'} field"
+                )
+                raise DataError(
+                    f"{source}: cannot find {what} in rows with fields {sorted(map(str, row))} "
+                    "(names match case-insensitively); pass --problem-field / --answer-field / "
+                    "--problem-template."
+                )
+            used = {p_key, a_key, _pick(row, id_field, ID_FIELDS)} | {
+                _pick(row, f, ()) for f in template_fields(problem_template or "")
+            }
             unused = _unused_long_fields(row, {str(u) for u in used if u is not None})
             if unused:
-                logger.warning("%s: field(s) %s hold long text that is not part of the problem; if the problem "
-                               "needs them, pass e.g. --problem-template \"{%s} {%s}\"", source, unused, unused[0],
-                               p_key or "Question")
+                logger.warning(
+                    "%s: field(s) %s hold long text that is not part of the problem; if the problem "
+                    'needs them, pass e.g. --problem-template "{%s} {%s}"',
+                    source,
+                    unused,
+                    unused[0],
+                    p_key or "Question",
+                )
         fields_checked = True
         text = _fill(problem_template, row) if problem_template else _plain(row.get(p_key)) if p_key else None
         if isinstance(row.get(p_key), list) and row[p_key] and isinstance(row[p_key][-1], dict):
@@ -187,8 +216,9 @@ def rows_to_problems(
         guessed_solution = a_key == "solution" and answer_field != "solution" and answer_format == "plain"
         fmt = ANSWER_FORMATS["boxed"] if guessed_solution else to_answer
         raw_answer = row.get(a_key) if a_key else None
-        if isinstance(raw_answer, dict) or (isinstance(raw_answer, list | tuple) and
-                                            any(isinstance(v, dict | list | tuple) for v in raw_answer)):
+        if isinstance(raw_answer, dict) or (
+            isinstance(raw_answer, list | tuple) and any(isinstance(v, dict | list | tuple) for v in raw_answer)
+        ):
             stats.skip("answer is an object, not a number or text", index + 1)  # never a gold that cannot verify
             continue
         try:
@@ -216,13 +246,24 @@ def rows_to_problems(
         problems.append(Problem(pid, text, answer, source))
         stats.kept += 1
     if stats.skipped:
-        rows_named = "; ".join(f"{reason}: row(s) {', '.join(map(str, rows))}{' ...' if stats.skipped[reason] > 3 else ''}"
-                               for reason, rows in stats.examples.items())
-        logger.warning("%s: kept %d of %d rows; skipped %s%s", source, stats.kept, stats.rows, stats.skipped,
-                       f" ({rows_named})" if rows_named else "")
+        rows_named = "; ".join(
+            f"{reason}: row(s) {', '.join(map(str, rows))}{' ...' if stats.skipped[reason] > 3 else ''}"
+            for reason, rows in stats.examples.items()
+        )
+        logger.warning(
+            "%s: kept %d of %d rows; skipped %s%s",
+            source,
+            stats.kept,
+            stats.rows,
+            stats.skipped,
+            f" ({rows_named})" if rows_named else "",
+        )
     if stats.unit_notes_removed:
-        logger.info("%s: %d gold answers had a unit note in parentheses, removed (\"9 (apples)\" -> \"9\")",
-                    source, stats.unit_notes_removed)
+        logger.info(
+            '%s: %d gold answers had a unit note in parentheses, removed ("9 (apples)" -> "9")',
+            source,
+            stats.unit_notes_removed,
+        )
     return problems
 
 
@@ -252,7 +293,7 @@ def read_rows(path: Path) -> list[dict]:
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as error:
-            line = raw[:error.start].count(b"\n") + 1
+            line = raw[: error.start].count(b"\n") + 1
             raise DataError(f"{path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
         except json.JSONDecodeError as error:
             raise DataError(f"{path} is not valid JSON: {error}") from error
@@ -277,8 +318,12 @@ def read_rows(path: Path) -> list[dict]:
 DEFAULT_ARITH = {"levels": "1", "n": 256, "seed": 0, "split": "train"}
 
 
-def builtin_arith(levels: list[int] | str = DEFAULT_ARITH["levels"], n: int = DEFAULT_ARITH["n"],
-                  seed: int = DEFAULT_ARITH["seed"], split: str = DEFAULT_ARITH["split"]) -> list[Problem]:
+def builtin_arith(
+    levels: list[int] | str = DEFAULT_ARITH["levels"],
+    n: int = DEFAULT_ARITH["n"],
+    seed: int = DEFAULT_ARITH["seed"],
+    split: str = DEFAULT_ARITH["split"],
+) -> list[Problem]:
     """Seeded, reproducible arithmetic problems; levels are mixed in equal shares.
 
     The default (level 1, single-digit addition and subtraction) is where SmolLM2-135M-Instruct starts at
@@ -297,8 +342,9 @@ def builtin_arith(levels: list[int] | str = DEFAULT_ARITH["levels"], n: int = DE
     except ValueError as error:
         raise DataError(str(error)) from error
     if len(rows) < n:
-        logger.warning("builtin:arith levels %s hold only %d distinct %s problems (asked for %d)",
-                       levels, len(rows), split, n)
+        logger.warning(
+            "builtin:arith levels %s hold only %d distinct %s problems (asked for %d)", levels, len(rows), split, n
+        )
     return [Problem(pid, text, answer, f"builtin:arith/L{level}") for pid, text, answer, level in rows]
 
 
@@ -353,8 +399,12 @@ def load_problems(
     if spec.startswith("builtin:"):
         problems = _builtin(spec, split, seed, limit)
     else:
-        fields = {"problem_field": problem_field, "answer_field": answer_field, "id_field": id_field,
-                  "problem_template": problem_template}
+        fields = {
+            "problem_field": problem_field,
+            "answer_field": answer_field,
+            "id_field": id_field,
+            "problem_template": problem_template,
+        }
         problems = _load(spec, split, data_dir, answer_format, fields)
     if not problems:
         raise DataError(f"{spec}: no usable problems were loaded.")
@@ -404,16 +454,20 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
         if data_dir is not None:
             local = preset.local.get(split)
             if local is None:
-                raise DataError(f"{spec} has no local {split!r} split under --data-dir "
-                                f"(known: {sorted(preset.local) or 'none'}).")
+                raise DataError(
+                    f"{spec} has no local {split!r} split under --data-dir (known: {sorted(preset.local) or 'none'})."
+                )
             file = Path(data_dir).expanduser() / local
             if not file.is_file():
                 raise DataError(f"{spec}: expected {file} (from --data-dir {data_dir}); it does not exist.")
             fmt = answer_format or preset.local_answer_format or preset.answer_format
             return rows_to_problems(read_rows(file), spec, answer_format=fmt, **fields)
         rows = _hub_rows(preset.hub, preset.config, split)
-        fields = {**fields, "problem_field": fields["problem_field"] or preset.problem_field,
-                  "answer_field": fields["answer_field"] or preset.answer_field}
+        fields = {
+            **fields,
+            "problem_field": fields["problem_field"] or preset.problem_field,
+            "answer_field": fields["answer_field"] or preset.answer_field,
+        }
         return rows_to_problems(rows, spec, answer_format=answer_format or preset.answer_format, **fields)
 
     if "/" in spec:
@@ -443,11 +497,18 @@ def to_prompt_dataset(problems: list[Problem]):
 
     from lanpo.prompts import solve_messages
 
-    return datasets.Dataset.from_list([
-        {"prompt": solve_messages(p.problem), "answer": p.answer, "problem_id": p.id, "problem": p.problem,
-         "source": p.source}
-        for p in problems
-    ])
+    return datasets.Dataset.from_list(
+        [
+            {
+                "prompt": solve_messages(p.problem),
+                "answer": p.answer,
+                "problem_id": p.id,
+                "problem": p.problem,
+                "source": p.source,
+            }
+            for p in problems
+        ]
+    )
 
 
 def with_answer_column(dataset, answer_field: str | None = None):
@@ -458,7 +519,9 @@ def with_answer_column(dataset, answer_field: str | None = None):
         return dataset
     key = _pick(dict.fromkeys(names), answer_field, ANSWER_FIELDS)
     if key is None:
-        raise DataError(f"The training dataset has no answer column (columns: {names}); name it 'answer', or "
-                        f"pass one of {list(ANSWER_FIELDS)} (lanpo train --answer_field NAME).")
+        raise DataError(
+            f"The training dataset has no answer column (columns: {names}); name it 'answer', or "
+            f"pass one of {list(ANSWER_FIELDS)} (lanpo train --answer_field NAME)."
+        )
     fmt = ANSWER_FORMATS["boxed" if key.lower() == "solution" else "plain"]
     return dataset.map(lambda row: {"answer": fmt(row[key]) or ""})

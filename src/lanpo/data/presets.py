@@ -18,22 +18,54 @@ class Preset:
 
 
 PRESETS: dict[str, Preset] = {
-    "gsm8k": Preset("openai/gsm8k", "test", "main", "question", "answer", "gsm8k",
-                    {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"}),
-    "math": Preset("DigitalLearningGmbH/MATH-lighteval", "train", None, "problem", "solution", "boxed",
-                   {"train": "math_train/train.json", "test": "math500/test.jsonl"}, local_answer_format="plain"),
-    "math500": Preset("HuggingFaceH4/MATH-500", "test", None, "problem", "answer", "plain",
-                      {"test": "math500/test.jsonl"}),
-    "dapo-math-17k": Preset("open-r1/DAPO-Math-17k-Processed", "train", "en", "prompt", "solution", "plain",
-                            {"train": "dapo_math_17k/train.jsonl"}),
-    "aime24": Preset("HuggingFaceH4/aime_2024", "train", None, "problem", "answer", "plain",
-                     {"train": "aime24/test.jsonl", "test": "aime24/test.jsonl"}),
+    "gsm8k": Preset(
+        "openai/gsm8k",
+        "test",
+        "main",
+        "question",
+        "answer",
+        "gsm8k",
+        {"train": "gsm8k/train.jsonl", "test": "gsm8k/test.jsonl"},
+    ),
+    "math": Preset(
+        "DigitalLearningGmbH/MATH-lighteval",
+        "train",
+        None,
+        "problem",
+        "solution",
+        "boxed",
+        {"train": "math_train/train.json", "test": "math500/test.jsonl"},
+        local_answer_format="plain",
+    ),
+    "math500": Preset(
+        "HuggingFaceH4/MATH-500", "test", None, "problem", "answer", "plain", {"test": "math500/test.jsonl"}
+    ),
+    "dapo-math-17k": Preset(
+        "open-r1/DAPO-Math-17k-Processed",
+        "train",
+        "en",
+        "prompt",
+        "solution",
+        "plain",
+        {"train": "dapo_math_17k/train.jsonl"},
+    ),
+    "aime24": Preset(
+        "HuggingFaceH4/aime_2024",
+        "train",
+        None,
+        "problem",
+        "answer",
+        "plain",
+        {"train": "aime24/test.jsonl", "test": "aime24/test.jsonl"},
+    ),
     "aime25": Preset("math-ai/aime25", "test", None, "problem", "answer", "plain", {"test": "aime25/test.jsonl"}),
     "amc23": Preset("math-ai/amc23", "test", None, "question", "answer", "plain", {"test": "amc23/test.jsonl"}),
-    "minerva": Preset("math-ai/minervamath", "test", None, "question", "answer", "plain",
-                      {"test": "minerva/test.jsonl"}),
-    "olympiadbench": Preset("math-ai/olympiadbench", "test", None, "question", "final_answer", "plain",
-                            {"test": "olympiadbench/test.jsonl"}),
+    "minerva": Preset(
+        "math-ai/minervamath", "test", None, "question", "answer", "plain", {"test": "minerva/test.jsonl"}
+    ),
+    "olympiadbench": Preset(
+        "math-ai/olympiadbench", "test", None, "question", "final_answer", "plain", {"test": "olympiadbench/test.jsonl"}
+    ),
 }
 # Benchmarks are the presets used for evaluation (train-only sets excluded).
 BENCHMARKS = ("gsm8k", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")

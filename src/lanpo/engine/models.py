@@ -149,13 +149,19 @@ def size_cpu_threads(processes: int | None = None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if os.environ.get("OMP_NUM_THREADS"):
         threads = torch.get_num_threads()
-        logger.info("torch uses %d CPU threads (OMP_NUM_THREADS); %d cores are available to this process",
-                    threads, cores)
+        logger.info(
+            "torch uses %d CPU threads (OMP_NUM_THREADS); %d cores are available to this process", threads, cores
+        )
         return threads
     threads = max(1, cores // processes)
     torch.set_num_threads(threads)
-    logger.info("torch uses %d CPU threads: %d cores available to this process, shared by %d lanpo process(es) "
-                "(set OMP_NUM_THREADS to choose)", threads, cores, processes)
+    logger.info(
+        "torch uses %d CPU threads: %d cores available to this process, shared by %d lanpo process(es) "
+        "(set OMP_NUM_THREADS to choose)",
+        threads,
+        cores,
+        processes,
+    )
     return threads
 
 
@@ -177,8 +183,14 @@ def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
         return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ValueError(f"Unknown dtype {dtype!r}; use one of auto, {', '.join(names)}.")
     return names[dtype]

@@ -53,8 +53,10 @@ def retie(model, hf_config) -> None:
         return
     head, embed = getattr(model, "lm_head", None), getattr(getattr(model, "model", None), "embed_tokens", None)
     if head is None or embed is None:
-        raise RuntimeError(f"{type(model).__name__} ties its embeddings but has no lm_head / model.embed_tokens: "
-                           "lanpo cannot re-tie them after a weight sync on CPU vLLM.")
+        raise RuntimeError(
+            f"{type(model).__name__} ties its embeddings but has no lm_head / model.embed_tokens: "
+            "lanpo cannot re-tie them after a weight sync on CPU vLLM."
+        )
     if head.weight is not embed.weight:
         head.tie_weights(embed)
     head.quant_method.process_weights_after_loading(head)  # on CPU: packs the weight for its matmul anew

@@ -45,14 +45,17 @@ def held_out_benchmark(data: str, split: str | None = None) -> str | None:
 def load_eval_problems(specs: str | None, limit: int | None, data_dir: str | None = None) -> dict[str, list[Problem]]:
     """The held-out problems of ``eval_benchmarks`` (comma-separated data specs), by metric name."""
     if not specs:
-        raise ValueError("eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or "
-                         "builtin:arith?split=test.")
+        raise ValueError(
+            "eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or builtin:arith?split=test."
+        )
     problems, listed = {}, split_specs(specs)
     for spec in listed:
         name = benchmark_name(spec)
         if name in problems:
-            raise ValueError(f"eval_benchmarks: two of {listed} would log as eval/{name}/...; evaluate them in "
-                             "separate runs, or use data files with distinct names.")
+            raise ValueError(
+                f"eval_benchmarks: two of {listed} would log as eval/{name}/...; evaluate them in "
+                "separate runs, or use data files with distinct names."
+            )
         problems[name] = load_problems(spec, split=default_split(spec), limit=limit, data_dir=data_dir)
     return problems
 
@@ -76,29 +79,49 @@ class TrainingEval(TrainerCallback):
         from trl.models.utils import unwrap_model_for_generation
 
         trainer, args = self.trainer, self.trainer.args
-        settings = EvalSettings(k=args.eval_k, temperature=args.temperature, max_new_tokens=args.max_completion_length,
-                                extraction=args.answer_extraction, verify_time_limit=args.verify_time_limit,
-                                seed=args.seed + step)
+        settings = EvalSettings(
+            k=args.eval_k,
+            temperature=args.temperature,
+            max_new_tokens=args.max_completion_length,
+            extraction=args.answer_extraction,
+            verify_time_limit=args.verify_time_limit,
+            seed=args.seed + step,
+        )
         metrics, start = {}, time.perf_counter()
         retriever = trainer.retriever
         saved_stats = retriever.stats  # training's retrieval metrics stay training's
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with (torch.random.fork_rng(devices=devices),
-              unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator,
-                                          gather_deepspeed3_params=args.ds3_gather_for_generation) as model,
-              trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False)):
+        with (
+            torch.random.fork_rng(devices=devices),
+            unwrap_model_for_generation(
+                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation
+            ) as model,
+            trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
+        ):
             for name, problems in self.problems.items():
-                results = evaluate(model, trainer.processing_class, problems, settings, self.modes,
-                                   retriever=retriever, describe={"pool": "this run's pool"})
+                results = evaluate(
+                    model,
+                    trainer.processing_class,
+                    problems,
+                    settings,
+                    self.modes,
+                    retriever=retriever,
+                    describe={"pool": "this run's pool"},
+                )
                 for result in results:
-                    for key in (f"mean@{args.eval_k}", f"mean@{args.eval_k}_stderr", f"pass@{args.eval_k}",
-                                "context_rate"):
+                    for key in (
+                        f"mean@{args.eval_k}",
+                        f"mean@{args.eval_k}_stderr",
+                        f"pass@{args.eval_k}",
+                        "context_rate",
+                    ):
                         if key in result.metrics:
                             metrics[f"eval/{name}/{result.mode}/{key}"] = float(result.metrics[key])
         retriever.stats = saved_stats
         metrics["eval/seconds"] = time.perf_counter() - start
-        logger.info("Step %d evaluation: %s", step, ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()
-                                                              if "stderr" not in k))
+        logger.info(
+            "Step %d evaluation: %s", step, ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if "stderr" not in k)
+        )
         should_log = trainer.control.should_log  # logging resets it: the step's own log must still happen
         Trainer.log(trainer, metrics)  # transformers' log: straight to the callbacks, not merged with TRL's metrics
         trainer.control.should_log = should_log

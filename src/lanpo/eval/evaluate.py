@@ -99,18 +99,25 @@ def _score(verifier: MathVerifier, problems: list[Problem], samples: list[list[S
     texts = [s.text for row in samples for s in row]
     flat = verifier.score_texts(golds, texts, [p.problem for p in problems for _ in range(len(samples[0]))])
     k = len(samples[0])
-    return [flat[i * k:(i + 1) * k] for i in range(len(problems))]
+    return [flat[i * k : (i + 1) * k] for i in range(len(problems))]
 
 
 def _records(problems, prompts, samples, scores, extraction, extra=None) -> list[dict]:
     records = []
     for i, (problem, row, row_scores) in enumerate(zip(problems, samples, scores)):
         record = {
-            "id": problem.id, "problem": problem.problem, "answer": problem.answer,
+            "id": problem.id,
+            "problem": problem.problem,
+            "answer": problem.answer,
             "prompt": prompts[i][-1]["content"] if prompts[i] is not None else None,
             "completions": [
-                {"text": s.text, "extracted": extract_answer(s.text, extraction, problem.problem), "score": sc,
-                 "tokens": s.num_tokens, "truncated": s.truncated}
+                {
+                    "text": s.text,
+                    "extracted": extract_answer(s.text, extraction, problem.problem),
+                    "score": sc,
+                    "tokens": s.num_tokens,
+                    "truncated": s.truncated,
+                }
                 for s, sc in zip(row, row_scores)
             ],
         }
@@ -122,12 +129,23 @@ def _records(problems, prompts, samples, scores, extraction, extra=None) -> list
 
 def run_zero_shot(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
     prompts = [solve_messages(p.problem) for p in problems]
-    samples = generate(model, tokenizer, prompts, n=settings.k, temperature=settings.temperature,
-                       top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
-                       batch_size=settings.batch_size, progress="zero-shot")
+    samples = generate(
+        model,
+        tokenizer,
+        prompts,
+        n=settings.k,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=settings.batch_size,
+        progress="zero-shot",
+    )
     scores = _score(verifier, problems, samples)
-    return ModeResult("zero-shot", summarize_scores(scores, samples),
-                      _records(problems, prompts, samples, scores, settings.extraction))
+    return ModeResult(
+        "zero-shot",
+        summarize_scores(scores, samples),
+        _records(problems, prompts, samples, scores, settings.extraction),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -142,8 +160,15 @@ def run_zero_shot(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
 #   every round's accuracy is reported.
 
 
-def retrieval_setup(pool: str, scorer: str | None = None, gamma: float | None = None, top_k: int | None = None,
-                    candidates: int | None = None, model=None, tokenizer=None) -> dict:
+def retrieval_setup(
+    pool: str,
+    scorer: str | None = None,
+    gamma: float | None = None,
+    top_k: int | None = None,
+    candidates: int | None = None,
+    model=None,
+    tokenizer=None,
+) -> dict:
     """Open ``pool`` read-only and build the retriever; unset settings come from the pool's run config."""
     path = resolve_pool_path(pool)
     run_config = {}
@@ -163,8 +188,14 @@ def retrieval_setup(pool: str, scorer: str | None = None, gamma: float | None = 
     else:
         judge = make_scorer(scorer_name, embedding_model=run_config.get("embedding_model"))
     retriever = Retriever(store, judge, gamma=gamma, top_k=top_k, candidates=candidates)
-    describe = {"pool": str(path), "pool_entries": len(store), "scorer": scorer_name, "gamma": gamma,
-                "top_k": top_k, "candidates": candidates}
+    describe = {
+        "pool": str(path),
+        "pool_entries": len(store),
+        "scorer": scorer_name,
+        "gamma": gamma,
+        "top_k": top_k,
+        "candidates": candidates,
+    }
     return {"retriever": retriever, "describe": describe}
 
 
@@ -172,8 +203,9 @@ def _same_text(a: str, b: str) -> bool:
     return " ".join(a.split()).lower() == " ".join(b.split()).lower()
 
 
-def run_retrieval(model, tokenizer, problems, settings, verifier, retriever: Retriever = None, describe=None,
-                  **_) -> ModeResult:
+def run_retrieval(
+    model, tokenizer, problems, settings, verifier, retriever: Retriever = None, describe=None, **_
+) -> ModeResult:
     if retriever is None:
         raise ValueError("The retrieval mode needs a pool (lanpo eval --pool RUN_OR_FILE).")
     found = retriever.retrieve_many([(p.id, p.problem) for p in problems])
@@ -185,25 +217,44 @@ def run_retrieval(model, tokenizer, problems, settings, verifier, retriever: Ret
         result = build_abstraction_prompt(problem.problem, entries, problem_id=problem.id)
         prompts.append(result.messages or solve_messages(problem.problem))
         with_context += result.messages is not None
-        extra.append({"context": result.messages is not None, "pool_entries": result.used_entries,
-                      "relevance": [round(h.relevance, 4) for h in hits]})
-    samples = generate(model, tokenizer, prompts, n=settings.k, temperature=settings.temperature,
-                       top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
-                       batch_size=settings.batch_size, progress="retrieval")
+        extra.append(
+            {
+                "context": result.messages is not None,
+                "pool_entries": result.used_entries,
+                "relevance": [round(h.relevance, 4) for h in hits],
+            }
+        )
+    samples = generate(
+        model,
+        tokenizer,
+        prompts,
+        n=settings.k,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=settings.batch_size,
+        progress="retrieval",
+    )
     scores = _score(verifier, problems, samples)
     metrics = summarize_scores(scores, samples)
     metrics["context_rate"] = with_context / len(problems)
     info = {"retrieval": describe or {}, "same_text_entries_excluded": self_excluded}
-    return ModeResult("retrieval", metrics, _records(problems, prompts, samples, scores, settings.extraction, extra),
-                      info)
+    return ModeResult(
+        "retrieval", metrics, _records(problems, prompts, samples, scores, settings.extraction, extra), info
+    )
 
 
 def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
     k = settings.k
-    decoding = {"temperature": settings.temperature, "top_p": settings.top_p,
-                "max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size}
-    first = generate(model, tokenizer, [solve_messages(p.problem) for p in problems], n=k,
-                     progress="self-correct r0", **decoding)
+    decoding = {
+        "temperature": settings.temperature,
+        "top_p": settings.top_p,
+        "max_new_tokens": settings.max_new_tokens,
+        "batch_size": settings.batch_size,
+    }
+    first = generate(
+        model, tokenizer, [solve_messages(p.problem) for p in problems], n=k, progress="self-correct r0", **decoding
+    )
     chains = [[[s] for s in row] for row in first]  # problem -> sample -> attempts
     per_round = [summarize_scores(_score(verifier, problems, first), first)[f"mean@{k}"]]
     last_prompts, fallbacks = None, 0
@@ -224,12 +275,14 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
     for r, value in enumerate(per_round):
         metrics[f"mean@{k}_round{r}"] = value
     metrics["reflection_fallbacks"] = fallbacks
-    extra = [{"rounds": [[{"text": s.text, "tokens": s.num_tokens} for s in chain] for chain in row]}
-             for row in chains]
+    extra = [{"rounds": [[{"text": s.text, "tokens": s.num_tokens} for s in chain] for chain in row]} for row in chains]
     prompts = last_prompts or [solve_messages(p.problem) for p in problems]
-    return ModeResult("self-correct", metrics,
-                      _records(problems, prompts, final, scores, settings.extraction, extra),
-                      {"rounds": settings.rounds})
+    return ModeResult(
+        "self-correct",
+        metrics,
+        _records(problems, prompts, final, scores, settings.extraction, extra),
+        {"rounds": settings.rounds},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -240,8 +293,9 @@ def example_prompt(mode: str) -> str:
     return solve_messages("<problem>")[-1]["content"] if mode == "zero-shot" else mode
 
 
-def evaluate(model, tokenizer, problems: list[Problem], settings: EvalSettings, modes=("zero-shot",),
-             **mode_kwargs) -> list[ModeResult]:
+def evaluate(
+    model, tokenizer, problems: list[Problem], settings: EvalSettings, modes=("zero-shot",), **mode_kwargs
+) -> list[ModeResult]:
     """Run every requested mode on the same problems with the same decoding settings."""
     unknown = [m for m in modes if m not in MODES]
     if unknown:
@@ -256,8 +310,11 @@ def evaluate(model, tokenizer, problems: list[Problem], settings: EvalSettings, 
             start = time.perf_counter()
             result = runners[mode](model, tokenizer, problems, settings, verifier, **mode_kwargs)
             result.info["seconds"] = round(time.perf_counter() - start, 2)
-            result.info["verifier"] = {"time_limit": settings.verify_time_limit, "extraction": settings.extraction,
-                                       "stats": dict(verifier.stats)}
+            result.info["verifier"] = {
+                "time_limit": settings.verify_time_limit,
+                "extraction": settings.extraction,
+                "stats": dict(verifier.stats),
+            }
             results.append(result)
     return results
 
@@ -266,8 +323,11 @@ def write_results(results: list[ModeResult], out_dir: str | Path, header: dict) 
     """Write ``results.json``, ``results.md`` and one ``completions-<mode>.jsonl`` per mode into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    payload = {**header, "prompt": {"instruction": SOLVE_INSTRUCTION, "zero_shot_example": example_prompt("zero-shot")},
-               "modes": {r.mode: {"metrics": r.metrics, **r.info} for r in results}}
+    payload = {
+        **header,
+        "prompt": {"instruction": SOLVE_INSTRUCTION, "zero_shot_example": example_prompt("zero-shot")},
+        "modes": {r.mode: {"metrics": r.metrics, **r.info} for r in results},
+    }
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
     for r in results:
         with (out / f"completions-{r.mode}.jsonl").open("w") as handle:
@@ -279,11 +339,15 @@ def write_results(results: list[ModeResult], out_dir: str | Path, header: dict) 
 
 def markdown_table(results: list[ModeResult], header: dict) -> str:
     k = header.get("settings", {}).get("k", "k")
-    lines = [f"# Evaluation: {header.get('model', '?')} on {header.get('data', '?')}", "",
-             f"Problems: {results[0].metrics['problems']}, samples per problem k={k}, "
-             f"settings: `{json.dumps(header.get('settings', {}))}`", "",
-             f"| mode | mean@{k} | ± s.e. | pass@1 | pass@{k} | mean length | truncated | notes |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Evaluation: {header.get('model', '?')} on {header.get('data', '?')}",
+        "",
+        f"Problems: {results[0].metrics['problems']}, samples per problem k={k}, "
+        f"settings: `{json.dumps(header.get('settings', {}))}`",
+        "",
+        f"| mode | mean@{k} | ± s.e. | pass@1 | pass@{k} | mean length | truncated | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         m = r.metrics
         notes = []
@@ -292,9 +356,11 @@ def markdown_table(results: list[ModeResult], header: dict) -> str:
         rounds = [m[key] for key in sorted(m) if key.startswith(f"mean@{k}_round")]
         if rounds:
             notes.append("per round " + " → ".join(f"{x:.3f}" for x in rounds))
-        lines.append(f"| {r.mode} | {m[f'mean@{k}']:.3f} | {m[f'mean@{k}_stderr']:.3f} | {m['pass@1']:.3f} | "
-                     f"{m[f'pass@{k}']:.3f} | {m['mean_length']:.1f} | {m['truncation_rate']:.2f} | "
-                     f"{'; '.join(notes)} |")
+        lines.append(
+            f"| {r.mode} | {m[f'mean@{k}']:.3f} | {m[f'mean@{k}_stderr']:.3f} | {m['pass@1']:.3f} | "
+            f"{m[f'pass@{k}']:.3f} | {m['mean_length']:.1f} | {m['truncation_rate']:.2f} | "
+            f"{'; '.join(notes)} |"
+        )
     verifier = results[0].info.get("verifier", {})
     lines += ["", f"Verifier: extraction `{verifier.get('extraction')}`, time limit {verifier.get('time_limit')} s."]
     return "\n".join(lines) + "\n"
@@ -302,4 +368,3 @@ def markdown_table(results: list[ModeResult], header: dict) -> str:
 
 def settings_dict(settings: EvalSettings) -> dict:
     return asdict(settings)
-

@@ -62,8 +62,13 @@ class Grid:
         return self.out / arm / f"seed-{seed}"
 
     def config(self, arm: str, seed: int) -> dict:
-        return {**self.base, **self.settings, **self.arms[arm], "seed": seed,
-                "output_dir": str(self.run_dir(arm, seed))}
+        return {
+            **self.base,
+            **self.settings,
+            **self.arms[arm],
+            "seed": seed,
+            "output_dir": str(self.run_dir(arm, seed)),
+        }
 
     def cells(self, arms: list[str] | None = None, seeds: list[int] | None = None) -> list[tuple[str, int]]:
         return [(a, s) for a in (arms or list(self.arms)) for s in (seeds if seeds is not None else self.seeds)]
@@ -81,8 +86,10 @@ def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise GridError(f"{path}: a grid is a YAML mapping with {', '.join(sorted(GRID_KEYS))}.")
     unknown = set(spec) - GRID_KEYS
     if unknown:
-        raise GridError(f"{path}: unknown keys {sorted(unknown)} (a grid has {', '.join(sorted(GRID_KEYS))}; "
-                        "training fields go under settings or an arm).")
+        raise GridError(
+            f"{path}: unknown keys {sorted(unknown)} (a grid has {', '.join(sorted(GRID_KEYS))}; "
+            "training fields go under settings or an arm)."
+        )
     if spec.get("base"):
         spec["base"] = str((path.parent / str(spec["base"])).resolve())
     if not spec.get("extends"):
@@ -110,8 +117,12 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
         if {"seed", "output_dir"} & set(overrides):
             raise GridError(f"{path}: arm {name!r} sets seed or output_dir; the grid sets them per cell.")
     seeds = spec.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds) \
-            or len(set(seeds)) != len(seeds):
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) for s in seeds)
+        or len(set(seeds)) != len(seeds)
+    ):
         raise GridError(f"{path}: seeds must be a list of distinct integers, got {seeds!r}.")
     base = {}
     if spec.get("base"):
@@ -123,8 +134,15 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
     if reference not in arms:
         raise GridError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)}).")
     name = str(spec.get("name") or path.stem)
-    return Grid(name, arms, seeds, Path(spec.get("out") or f"runs/experiments/{name}"), reference, base,
-                dict(spec.get("settings") or {}))
+    return Grid(
+        name,
+        arms,
+        seeds,
+        Path(spec.get("out") or f"runs/experiments/{name}"),
+        reference,
+        base,
+        dict(spec.get("settings") or {}),
+    )
 
 
 def config_hash(config: dict) -> str:
@@ -138,8 +156,11 @@ def cell_state(grid: Grid, arm: str, seed: int) -> str:
     run = grid.run_dir(arm, seed)
     done = run / COMPLETE
     if done.is_file():
-        return "complete" if json.loads(done.read_text()).get("config") == config_hash(grid.config(arm, seed)) \
+        return (
+            "complete"
+            if json.loads(done.read_text()).get("config") == config_hash(grid.config(arm, seed))
             else "changed"
+        )
     try:
         resume_target("latest", str(run))
         return "resume"
@@ -199,8 +220,9 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
         with log.open("a") as handle:
             code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     if code == 0:
-        (run / COMPLETE).write_text(json.dumps({"arm": arm, "seed": seed,
-                                                "config": config_hash(grid.config(arm, seed))}) + "\n")
+        (run / COMPLETE).write_text(
+            json.dumps({"arm": arm, "seed": seed, "config": config_hash(grid.config(arm, seed))}) + "\n"
+        )
         drop_checkpoints(run)
     return code == 0
 
@@ -218,9 +240,15 @@ def drop_checkpoints(run: Path) -> None:
             print(f"warning: {checkpoint} (no longer needed) could not be removed: {error}", file=sys.stderr)
 
 
-def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None = None,
-             results_md: str | Path | None = None, table_only: bool = False, jobs: int = 1,
-             unfinished: bool = False) -> int:
+def run_grid(
+    grid: Grid,
+    arms: list[str] | None = None,
+    seeds: list[int] | None = None,
+    results_md: str | Path | None = None,
+    table_only: bool = False,
+    jobs: int = 1,
+    unfinished: bool = False,
+) -> int:
     """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table (with ``unfinished``, cells
     that did not finish too, marked). Returns an exit code.
 
@@ -234,20 +262,24 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
         raise GridError(f"--only {', '.join(unknown)}: not arms of {grid.name} ({', '.join(grid.arms)}).")
     outside = sorted(set(seeds or []) - set(grid.seeds))
     if outside:  # their cells would run and never reach the table
-        raise GridError(f"--seeds {', '.join(map(str, outside))}: not seeds of {grid.name} {grid.seeds}; add them to "
-                        "the grid's seeds.")
+        raise GridError(
+            f"--seeds {', '.join(map(str, outside))}: not seeds of {grid.name} {grid.seeds}; add them to "
+            "the grid's seeds."
+        )
     cells = grid.cells(arms, seeds)
     failed = []
     if not table_only:
         states = {cell: cell_state(grid, *cell) for cell in cells}
         changed = [f"{a}/seed-{s}" for (a, s), st in states.items() if st == "changed"]
         if changed:
-            raise GridError(f"These cells ran with another config than the grid now gives them: {', '.join(changed)}. "
-                            f"Restore the grid, or delete those cells (or choose another out) to run them anew.")
+            raise GridError(
+                f"These cells ran with another config than the grid now gives them: {', '.join(changed)}. "
+                f"Restore the grid, or delete those cells (or choose another out) to run them anew."
+            )
         todo = [cell for cell in cells if states[cell] != "complete"]
         validate(grid, todo)
-        print(f"{grid.name}: {len(cells) - len(todo)} of {len(cells)} cells complete, {len(todo)} to run",
-              flush=True)
+        print(f"{grid.name}: {len(cells) - len(todo)} of {len(cells)} cells complete, {len(todo)} to run", flush=True)
+
         def one(k: int, cell: tuple[str, int]) -> None:
             arm, seed = cell
             # one write per line: cells' threads print at once, and print() writes the newline apart
@@ -274,8 +306,11 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
     if results_md:
         write_section(Path(results_md), grid.name, table)
     if failed:
-        print(f"failed cells (the table {'marks them unfinished' if unfinished else 'leaves them out'}): "
-              f"{', '.join(failed)}", file=sys.stderr)
+        print(
+            f"failed cells (the table {'marks them unfinished' if unfinished else 'leaves them out'}): "
+            f"{', '.join(failed)}",
+            file=sys.stderr,
+        )
     return 1 if failed else 0
 
 
@@ -284,28 +319,45 @@ def run_grid(grid: Grid, arms: list[str] | None = None, seeds: list[int] | None 
 
 def add_parser(sub, new_path) -> None:
     """``lanpo experiment`` on the command line's subparsers (``new_path``: the CLI's output-path check)."""
-    p = sub.add_parser("experiment", help="a grid of arms x seeds from one base config, resumable; one results table",
-                       description="Fill a grid (YAML: name, base, settings, seeds, reference, arms, out): each "
-                                   "(arm, seed) cell is a `lanpo train` run of its own; finished cells are skipped, "
-                                   "interrupted ones resume from their newest checkpoint. Then OUT/results.md (held-"
-                                   "out mean@k by step and at equal wall-clock, mean over seeds with 95% CIs, "
-                                   "differences paired by seed) and OUT/results.png. See configs/experiments/.")
+    p = sub.add_parser(
+        "experiment",
+        help="a grid of arms x seeds from one base config, resumable; one results table",
+        description="Fill a grid (YAML: name, base, settings, seeds, reference, arms, out): each "
+        "(arm, seed) cell is a `lanpo train` run of its own; finished cells are skipped, "
+        "interrupted ones resume from their newest checkpoint. Then OUT/results.md (held-"
+        "out mean@k by step and at equal wall-clock, mean over seeds with 95% CIs, "
+        "differences paired by seed) and OUT/results.png. See configs/experiments/.",
+    )
     p.add_argument("grid", help="the grid file (YAML)")
     p.add_argument("--only", help="comma-separated arms to run (default: every arm)")
     p.add_argument("--seeds", help="comma-separated seeds to run (default: the grid's)")
     p.add_argument("--table-only", action="store_true", help="run nothing: rewrite the table from finished cells")
-    p.add_argument("--jobs", type=int, default=1,
-                   help="cells to run at once (default 1; on a GPU that one small run leaves idle, more; each cell's "
-                        "output then goes to OUT/ARM/seed-S.log, and each gets cores/N torch threads unless "
-                        "OMP_NUM_THREADS is set). Cells sharing a machine slow each other, so the wall-clock "
-                        "columns then measure contention too")
-    p.add_argument("--unfinished", action="store_true",
-                   help="also put cells that did not finish (stopped, failed or still running) in the table, marked "
-                        "as such: their series end at their last logged step (default: finished cells only)")
-    p.add_argument("--reference", metavar="ARM", help="take the table's differences against this arm (default: the "
-                   "grid's reference); only the table changes, no cell")
-    p.add_argument("--results-md", type=new_path("file"),
-                   help="also put the table into this markdown file, between the grid's markers")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="cells to run at once (default 1; on a GPU that one small run leaves idle, more; each cell's "
+        "output then goes to OUT/ARM/seed-S.log, and each gets cores/N torch threads unless "
+        "OMP_NUM_THREADS is set). Cells sharing a machine slow each other, so the wall-clock "
+        "columns then measure contention too",
+    )
+    p.add_argument(
+        "--unfinished",
+        action="store_true",
+        help="also put cells that did not finish (stopped, failed or still running) in the table, marked "
+        "as such: their series end at their last logged step (default: finished cells only)",
+    )
+    p.add_argument(
+        "--reference",
+        metavar="ARM",
+        help="take the table's differences against this arm (default: the "
+        "grid's reference); only the table changes, no cell",
+    )
+    p.add_argument(
+        "--results-md",
+        type=new_path("file"),
+        help="also put the table into this markdown file, between the grid's markers",
+    )
     p.set_defaults(func=command)
 
 

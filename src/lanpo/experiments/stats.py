@@ -15,14 +15,29 @@ import re
 from pathlib import Path
 from typing import Protocol
 
-T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+T975 = {
+    1: 12.706,
+    2: 4.303,
+    3: 3.182,
+    4: 2.776,
+    5: 2.571,
+    6: 2.447,
+    7: 2.365,
+    8: 2.306,
+    9: 2.262,
+    10: 2.228,
+    12: 2.179,
+    15: 2.131,
+    20: 2.086,
+    30: 2.042,
+}
 MEAN_AT_K = re.compile(r"^eval/.+/mean@\d+$")  # not the _stderr beside it: the table's error bars are over seeds
 COMPLETE = "cell.json"
 
 
 class Grid(Protocol):
     """What the results need of :class:`lanpo.experiments.grid.Grid` (defined there: it is a later stage)."""
+
     name: str
     arms: dict[str, dict]
     seeds: list[int]
@@ -79,9 +94,13 @@ def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
 
 # training diagnostics in the arms' table: column -> metric averaged over a cell's training steps
 # (the realized p_t: rows that found no attempt or no relevant entry fall back to the plain prompt)
-TRAINING = {"feedback share (realized p_t)": "lanpo/feedback_share", "summary parse rate": "summaries/parse_rate",
-            "train reward, scratch rows": "reward/scratch/mean", "train reward, feedback rows": "reward/feedback/mean",
-            "truncated": "completions/clipped_ratio"}
+TRAINING = {
+    "feedback share (realized p_t)": "lanpo/feedback_share",
+    "summary parse rate": "summaries/parse_rate",
+    "train reward, scratch rows": "reward/scratch/mean",
+    "train reward, feedback rows": "reward/feedback/mean",
+    "truncated": "completions/clipped_ratio",
+}
 
 
 def cell_results(run: Path) -> dict:
@@ -158,9 +177,15 @@ def _prediction_section(metric: str, arms: list[str], by_step: dict[int, dict[st
     spread = [a for a in arms if any(len(values[a]) >= 2 for values in by_step.values())]
     if not spread:
         return []
-    lines = ["", f"### {metric}, by step: where one more seed's run should land (95% prediction interval, "
-             "mean ± t · s · √(1 + 1/n), within [0, 1]; this, not the CI of the mean, is the range for a re-run of "
-             "one cell)", "", "| step | " + " | ".join(spread) + " |", "|---|" + "---|" * len(spread)]
+    lines = [
+        "",
+        f"### {metric}, by step: where one more seed's run should land (95% prediction interval, "
+        "mean ± t · s · √(1 + 1/n), within [0, 1]; this, not the CI of the mean, is the range for a re-run of "
+        "one cell)",
+        "",
+        "| step | " + " | ".join(spread) + " |",
+        "|---|" + "---|" * len(spread),
+    ]
     for step, values in by_step.items():
         lines.append(f"| {step} | " + " | ".join(_pi_cell(list(values[a].values())) for a in spread) + " |")
     return lines
@@ -170,14 +195,27 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     arms, ref = list(grid.arms), grid.reference
     late = {a: n for a, cells in results.items() if (n := sum(1 for c in cells.values() if c.get("unfinished")))}
     head = arms + [f"{a} − {ref}" for a in arms if a != ref]
-    lines = [f"## Experiment `{grid.name}`", "",
-             f"Arms × seeds {grid.seeds}; held-out mean@k logged during training. Each cell: mean over seeds ± 95% CI "
-             "half-width (Student t, n − 1 df) (standard error) [seeds]; differences are paired by seed. A "
-             "difference whose interval contains 0 is inside the noise.", "",
-             *(["Unfinished cells (stopped, failed or still running: no cell.json) are included: their series end "
-                "at their last logged step, and each point counts the seeds that reached it.", ""] if late else []),
-             "Per arm, means over its training steps (then over seeds): s/step, and what its rollouts did.", "",
-             "| arm | overrides | cells | s/step | " + " | ".join(TRAINING) + " |", "|---|---|---|---|" + "---|" * len(TRAINING)]
+    lines = [
+        f"## Experiment `{grid.name}`",
+        "",
+        f"Arms × seeds {grid.seeds}; held-out mean@k logged during training. Each cell: mean over seeds ± 95% CI "
+        "half-width (Student t, n − 1 df) (standard error) [seeds]; differences are paired by seed. A "
+        "difference whose interval contains 0 is inside the noise.",
+        "",
+        *(
+            [
+                "Unfinished cells (stopped, failed or still running: no cell.json) are included: their series end "
+                "at their last logged step, and each point counts the seeds that reached it.",
+                "",
+            ]
+            if late
+            else []
+        ),
+        "Per arm, means over its training steps (then over seeds): s/step, and what its rollouts did.",
+        "",
+        "| arm | overrides | cells | s/step | " + " | ".join(TRAINING) + " |",
+        "|---|---|---|---|" + "---|" * len(TRAINING),
+    ]
     for arm in arms:
         cells = results.get(arm, {})
         times = [c["step_time"] for c in cells.values() if c["step_time"] is not None]
@@ -191,10 +229,18 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
     for metric in metrics:
         steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
-        lines += ["", f"### {metric}, by step", "", "| step | " + " | ".join(head) + " |",
-                  "|---|" + "---|" * len(head)]
-        by_step = {step: {a: {s: c["evals"][metric][step] for s, c in results.get(a, {}).items()
-                              if step in c["evals"].get(metric, {})} for a in arms} for step in steps}
+        lines += ["", f"### {metric}, by step", "", "| step | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        by_step = {
+            step: {
+                a: {
+                    s: c["evals"][metric][step]
+                    for s, c in results.get(a, {}).items()
+                    if step in c["evals"].get(metric, {})
+                }
+                for a in arms
+            }
+            for step in steps
+        }
         for step in steps:
             lines.append(f"| {step} | " + " | ".join(_row(arms, ref, by_step[step])) + " |")
         lines += _prediction_section(metric, arms, by_step)
@@ -202,13 +248,20 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
         marks = [s for s in steps if s > 0 and ref_cells and all(s in c["seconds"] for c in ref_cells.values())]
         if not marks:
             continue
-        lines += ["", f"### {metric}, at equal wall-clock (at each eval step, the training time of the reference's "
-                  "fastest seed: every reference seed has a value there)", "",
-                  "| minutes | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+        lines += [
+            "",
+            f"### {metric}, at equal wall-clock (at each eval step, the training time of the reference's "
+            "fastest seed: every reference seed has a value there)",
+            "",
+            "| minutes | " + " | ".join(head) + " |",
+            "|---|" + "---|" * len(head),
+        ]
         for step in marks:
             t = min(c["seconds"][step] for c in ref_cells.values())
-            values = {a: {s: v for s, c in results.get(a, {}).items()
-                          if (v := _at_seconds(c, metric, t)) is not None} for a in arms}
+            values = {
+                a: {s: v for s, c in results.get(a, {}).items() if (v := _at_seconds(c, metric, t)) is not None}
+                for a in arms
+            }
             lines.append(f"| {t / 60:.1f} | " + " | ".join(_row(arms, ref, values)) + " |")
     return "\n".join(lines) + "\n"
 
@@ -219,7 +272,7 @@ def write_section(path: Path, name: str, table: str) -> None:
     text = path.read_text() if path.is_file() else ""
     block = f"{start}\n{table}{end}"
     if start in text and end in text:
-        text = text[:text.index(start)] + block + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "") + block + "\n"
     path.write_text(text)
@@ -237,13 +290,20 @@ def plot_results(grid: Grid, results: dict[str, dict[int, dict]], out: Path) -> 
     for (ax_step, ax_time), metric in zip(axes, metrics):
         for arm, cells in results.items():
             steps = sorted({s for c in cells.values() for s in c["evals"].get(metric, {})})
-            stats = [(s, mean_ci([c["evals"][metric][s] for c in cells.values() if s in c["evals"].get(metric, {})]),
-                      [c["seconds"].get(s) for c in cells.values()]) for s in steps]
+            stats = [
+                (
+                    s,
+                    mean_ci([c["evals"][metric][s] for c in cells.values() if s in c["evals"].get(metric, {})]),
+                    [c["seconds"].get(s) for c in cells.values()],
+                )
+                for s in steps
+            ]
             x = [s for s, _, _ in stats]
             y = [m for _, (m, _, _), _ in stats]
             half = [h or 0.0 for _, (_, h, _), _ in stats]
-            minutes = [sum(t for t in ts if t is not None) / max(1, sum(t is not None for t in ts)) / 60
-                       for _, _, ts in stats]
+            minutes = [
+                sum(t for t in ts if t is not None) / max(1, sum(t is not None for t in ts)) / 60 for _, _, ts in stats
+            ]
             for ax, xs in ((ax_step, x), (ax_time, minutes)):
                 ax.plot(xs, y, "-o", markersize=3, label=arm)
                 ax.fill_between(xs, [a - b for a, b in zip(y, half)], [a + b for a, b in zip(y, half)], alpha=0.2)

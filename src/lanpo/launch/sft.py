@@ -76,8 +76,13 @@ def run_sft(argv: list[str]) -> Path:
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
     logger.info("SFT of %s on %d examples from %s", model_args.model_name_or_path, len(dataset), sft_args.data)
     # Prompt/completion rows: TRL computes the loss on the completion (the assistant turn) only.
-    trainer = SFTTrainer(model=model_path, args=config, train_dataset=dataset,
-                         processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args))
+    trainer = SFTTrainer(
+        model=model_path,
+        args=config,
+        train_dataset=dataset,
+        processing_class=load_tokenizer(model_path),
+        peft_config=get_peft_config(model_args),
+    )
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
     trainer.add_callback(MetricsFileCallback(Path(config.output_dir) / "metrics.jsonl"))
     trainer.train()

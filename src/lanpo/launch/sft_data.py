@@ -56,16 +56,29 @@ class EndpointTeacher:
     ``retries`` times, then yield an empty reply (counted as dropped by the builder, never a crash).
     """
 
-    def __init__(self, url: str, model: str, temperature: float = 0.7, max_tokens: int = 512, concurrency: int = 8,
-                 retries: int = 2, timeout: float = 120.0, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        temperature: float = 0.7,
+        max_tokens: int = 512,
+        concurrency: int = 8,
+        retries: int = 2,
+        timeout: float = 120.0,
+        api_key: str | None = None,
+    ) -> None:
         self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions")
         self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
         self.concurrency, self.retries, self.timeout, self.api_key = concurrency, retries, timeout, api_key
         self.failures = 0
 
     def _one(self, messages: Messages) -> str:
-        body = {"model": self.model, "messages": messages, "temperature": self.temperature,
-                "max_tokens": self.max_tokens}
+        body = {
+            "model": self.model,
+            "messages": messages,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
         if is_prefilled(messages):
             body.update(continue_final_message=True, add_generation_prompt=False)
         headers = {"Content-Type": "application/json"}
@@ -83,7 +96,7 @@ class EndpointTeacher:
                     self.failures += 1
                     logger.warning("Teacher request failed (%s); the example is dropped", e)
                     return ""
-                time.sleep(0.5 * 2 ** attempt)
+                time.sleep(0.5 * 2**attempt)
         return ""
 
     def __call__(self, prompts: list[Messages]) -> list[str]:
@@ -109,14 +122,28 @@ class BuildReport:
 
 def _example(skill: str, problem: Problem, prompt: Messages, reply: str, teacher: str) -> dict:
     user_turns = [m for m in prompt if not (m is prompt[-1] and is_prefilled(prompt))]
-    return {"prompt": user_turns, "completion": [{"role": "assistant", "content": reply}], "skill": skill,
-            "problem_id": problem.id, "teacher": teacher}
+    return {
+        "prompt": user_turns,
+        "completion": [{"role": "assistant", "content": reply}],
+        "skill": skill,
+        "problem_id": problem.id,
+        "teacher": teacher,
+    }
 
 
-def build_sft_data(problems: Sequence[Problem], teacher: GenerateFn, out: str | Path, n: int = 3000,
-                   mix: Sequence[float] = (1 / 3, 1 / 3, 1 / 3), tries: int = 4, batch_size: int = 16,
-                   verifier: MathVerifier | None = None, teacher_name: str = "teacher", seed: int = 0,
-                   progress: bool = True) -> BuildReport:
+def build_sft_data(
+    problems: Sequence[Problem],
+    teacher: GenerateFn,
+    out: str | Path,
+    n: int = 3000,
+    mix: Sequence[float] = (1 / 3, 1 / 3, 1 / 3),
+    tries: int = 4,
+    batch_size: int = 16,
+    verifier: MathVerifier | None = None,
+    teacher_name: str = "teacher",
+    seed: int = 0,
+    progress: bool = True,
+) -> BuildReport:
     """Build up to ``n`` examples split over the skills by ``mix``; append them to ``out`` (JSONL).
 
     Resumable: kept examples and processed (problem, skill) pairs found beside ``out`` are not redone.
@@ -159,10 +186,15 @@ def build_sft_data(problems: Sequence[Problem], teacher: GenerateFn, out: str | 
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=sum(quota.values()), initial=sum(min(report.kept[s], quota[s]) for s in SKILLS),
-                   desc="sft examples", unit="ex")
+        bar = tqdm(
+            total=sum(quota.values()),
+            initial=sum(min(report.kept[s], quota[s]) for s in SKILLS),
+            desc="sft examples",
+            unit="ex",
+        )
     try:
         with out.open("a") as sink, progress_file.open("a") as log:
+
             def record(problem: Problem, skill: str, example: dict | None, reason: str = "") -> None:
                 if example is not None:
                     sink.write(json.dumps(example, ensure_ascii=False) + "\n")
@@ -171,17 +203,27 @@ def build_sft_data(problems: Sequence[Problem], teacher: GenerateFn, out: str | 
                         bar.update(1)
                 else:
                     report.drop(skill, reason)
-                log.write(json.dumps({"problem_id": problem.id, "skill": skill,
-                                      "status": "kept" if example else "dropped", "reason": reason}) + "\n")
+                log.write(
+                    json.dumps(
+                        {
+                            "problem_id": problem.id,
+                            "skill": skill,
+                            "status": "kept" if example else "dropped",
+                            "reason": reason,
+                        }
+                    )
+                    + "\n"
+                )
                 sink.flush()
                 log.flush()
 
             for start in range(0, len(order), batch_size):
                 if all(report.kept[s] >= quota[s] for s in SKILLS):
                     break
-                batch = order[start:start + batch_size]
-                _build_batch(batch, teacher, verifier, tries, quota, report, done, record, summaries, retriever,
-                             teacher_name)
+                batch = order[start : start + batch_size]
+                _build_batch(
+                    batch, teacher, verifier, tries, quota, report, done, record, summaries, retriever, teacher_name
+                )
     finally:
         if bar is not None:
             bar.close()
@@ -195,9 +237,17 @@ def _add_summary_entry(pool: ExperiencePool, example: dict) -> None:
     parsed = parse_summary(example["completion"][0]["content"])
     match = re.search(r"Problem:\n(.*?)\n\nA solution attempt:", example["prompt"][0]["content"], re.DOTALL)
     if parsed is not None and match:
-        pool.add([PoolEntry(problem_id=example["problem_id"], problem=match.group(1),
-                            flow_of_thought=parsed.flow_of_thought, principles=parsed.principles,
-                            pitfalls=parsed.pitfalls)])
+        pool.add(
+            [
+                PoolEntry(
+                    problem_id=example["problem_id"],
+                    problem=match.group(1),
+                    flow_of_thought=parsed.flow_of_thought,
+                    principles=parsed.principles,
+                    pitfalls=parsed.pitfalls,
+                )
+            ]
+        )
 
 
 def _first_accepted(prompts: list[Messages], teacher: GenerateFn, tries: int, accept) -> list[tuple[str | None, str]]:
@@ -212,7 +262,7 @@ def _first_accepted(prompts: list[Messages], teacher: GenerateFn, tries: int, ac
     for i in range(len(prompts)):
         reason = "no reply"
         chosen = None
-        for reply in replies[i * tries:(i + 1) * tries]:
+        for reply in replies[i * tries : (i + 1) * tries]:
             if not reply or not reply.strip():
                 reason = "empty reply (teacher failure)"
                 continue
@@ -228,14 +278,18 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
     # 1. attempts: the teacher solves each problem `tries` times; graded attempts feed the other skills
     replies = teacher([solve_messages(p.problem) for p in batch for _ in range(tries)])
     scores = verifier.score_texts([p.answer for p in batch for _ in range(tries)], replies)
-    attempts = {p.id: [(r, s == 1.0) for r, s in zip(replies[i * tries:(i + 1) * tries], scores[i * tries:])
-                       if r and r.strip()] for i, p in enumerate(batch)}
+    attempts = {
+        p.id: [
+            (r, s == 1.0) for r, s in zip(replies[i * tries : (i + 1) * tries], scores[i * tries :]) if r and r.strip()
+        ]
+        for i, p in enumerate(batch)
+    }
 
     def want(skill: str, problem: Problem) -> bool:
         return report.kept[skill] < quota[skill] and (problem.id, skill) not in done
 
     def capped(skill: str, todo: list[Problem]) -> list[Problem]:
-        return todo[:max(0, quota[skill] - report.kept[skill])]  # a batch never overshoots the skill's quota
+        return todo[: max(0, quota[skill] - report.kept[skill])]  # a batch never overshoots the skill's quota
 
     # 2. summarize: a right attempt and a wrong one alternate across problems; kept when it parses
     todo = capped("summarize", [p for p in batch if want("summarize", p) and attempts[p.id]])

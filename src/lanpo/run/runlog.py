@@ -51,17 +51,23 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
     """Planned vs realized feedback, and reward and accuracy by kind, over every process's rows."""
     planned = [x for x in records if x.kind in FEEDBACK_KINDS]
     with_feedback = [x for x in records if x.has_feedback]
-    metrics = {"lanpo/feedback_ratio": feedback_ratio,
-               "lanpo/feedback_share": len(with_feedback) / len(records),
-               "lanpo/fallback_share": sum(not x.has_feedback for x in planned) / len(planned) if planned else 0.0}
+    metrics = {
+        "lanpo/feedback_ratio": feedback_ratio,
+        "lanpo/feedback_share": len(with_feedback) / len(records),
+        "lanpo/fallback_share": sum(not x.has_feedback for x in planned) / len(planned) if planned else 0.0,
+    }
     for reason in sorted({x.fallback for x in planned if not x.has_feedback}):  # why planned feedback fell back
-        metrics[f"lanpo/fallback/{reason or 'unknown'}"] = \
-            sum(x.fallback == reason and not x.has_feedback for x in planned) / len(planned)
+        metrics[f"lanpo/fallback/{reason or 'unknown'}"] = sum(
+            x.fallback == reason and not x.has_feedback for x in planned
+        ) / len(planned)
     if with_feedback:
         metrics["lanpo/feedback_tokens_per_prompt"] = sum(x.context_tokens for x in with_feedback) / len(with_feedback)
-    groups = {"feedback": with_feedback, "scratch": [x for x in records if not x.has_feedback],
-              "reflection": [x for x in with_feedback if x.kind == "reflection"],
-              "abstraction": [x for x in with_feedback if x.kind == "abstraction"]}
+    groups = {
+        "feedback": with_feedback,
+        "scratch": [x for x in records if not x.has_feedback],
+        "reflection": [x for x in with_feedback if x.kind == "reflection"],
+        "abstraction": [x for x in with_feedback if x.kind == "abstraction"],
+    }
     for name, part in groups.items():
         if part:
             metrics[f"reward/{name}/mean"] = sum(x.reward for x in part) / len(part)
@@ -69,18 +75,32 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
     return metrics
 
 
-def step_metrics(records: Sequence[RowRecord], feedback_ratio: float, pool_stats: dict, retrieval: dict[str, float],
-                 summaries: dict, counts: dict) -> dict[str, float]:
+def step_metrics(
+    records: Sequence[RowRecord],
+    feedback_ratio: float,
+    pool_stats: dict,
+    retrieval: dict[str, float],
+    summaries: dict,
+    counts: dict,
+) -> dict[str, float]:
     """Every lanpo metric of one step: feedback, pool, retrieval, summary parsing."""
-    metrics = {**feedback_metrics(records, feedback_ratio), "lanpo/pool_size": float(pool_stats["entries"]),
-               "lanpo/pool_problems": float(pool_stats["problems"]), **retrieval,
-               "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0))}
+    metrics = {
+        **feedback_metrics(records, feedback_ratio),
+        "lanpo/pool_size": float(pool_stats["entries"]),
+        "lanpo/pool_problems": float(pool_stats["problems"]),
+        **retrieval,
+        "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0)),
+    }
     if summaries.get("requested"):
         failed = summaries.get("parse_failed", 0)
-        metrics.update({"summaries/requested": float(summaries["requested"]),
-                        "summaries/parse_failures": float(failed),
-                        "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
-                        "summaries/added": float(summaries.get("parsed", 0))})
+        metrics.update(
+            {
+                "summaries/requested": float(summaries["requested"]),
+                "summaries/parse_failures": float(failed),
+                "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
+                "summaries/added": float(summaries.get("parsed", 0)),
+            }
+        )
     if "carried" in summaries:
         metrics["summaries/carried"] = float(summaries["carried"])  # not ended yet: they go on in the next batch
     return metrics  # strip weights are logged where they are applied, in the loss (lanpo.loss_hooks)
@@ -102,8 +122,15 @@ def time_metrics(timer: dict) -> dict[str, float]:
     return {**metrics, "time/score": max(0.0, rest)}
 
 
-def write_samples(path: Path, rows: list[Row], rewards: Sequence[float], step: int, limit: int, g: int,
-                  correct: Sequence[bool] | None = None) -> None:
+def write_samples(
+    path: Path,
+    rows: list[Row],
+    rewards: Sequence[float],
+    step: int,
+    limit: int,
+    g: int,
+    correct: Sequence[bool] | None = None,
+) -> None:
     """Append whole groups to ``samples.jsonl`` (``limit`` rows, at least one group): each row's real prompt
     (its feedback context, else the plain prompt), completion, kind, reward, fallback reason and, for abstraction
     rows, the pool entries retrieved with their relevance."""
@@ -113,20 +140,34 @@ def write_samples(path: Path, rows: list[Row], rewards: Sequence[float], step: i
     with path.open("a") as handle:
         for i in range(min(len(rows), groups * g)):
             r = rows[i]
-            handle.write(json.dumps({
-                "step": step, "group": i // g, "problem_id": r.problem_id, "problem": r.problem, "kind": r.kind,
-                "feedback": r.has_feedback, "fallback": r.fallback,
-                "prompt": (r.context or solve_messages(r.problem))[-1]["content"], "completion": r.text,
-                "reward": float(rewards[i]), "correct": bool(correct[i]) if correct is not None else None,
-                "gold": r.gold, "retrieved": r.retrieved,
-            }, ensure_ascii=False) + "\n")
+            handle.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "group": i // g,
+                        "problem_id": r.problem_id,
+                        "problem": r.problem,
+                        "kind": r.kind,
+                        "feedback": r.has_feedback,
+                        "fallback": r.fallback,
+                        "prompt": (r.context or solve_messages(r.problem))[-1]["content"],
+                        "completion": r.text,
+                        "reward": float(rewards[i]),
+                        "correct": bool(correct[i]) if correct is not None else None,
+                        "gold": r.gold,
+                        "retrieved": r.retrieved,
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
 
 
 def write_retrievals(path: Path, rows: list[Row], step: int, g: int) -> None:
     """Append, per group that retrieved pool entries this step, which entries passed γ with what relevance."""
     with path.open("a") as handle:
         for s in range(0, len(rows), g):
-            hits = next((r.retrieved for r in rows[s:s + g] if r.retrieved), None)
+            hits = next((r.retrieved for r in rows[s : s + g] if r.retrieved), None)
             if hits:
                 handle.write(json.dumps({"step": step, "problem_id": rows[s].problem_id, "retrieved": hits}) + "\n")
 
@@ -148,10 +189,25 @@ def save_final_model(trainer, out_dir: str | Path) -> Path:
     return final
 
 
-CARD_FIELDS = ("data", "num_generations", "feedback_ratio", "feedback_schedule", "reflection_share",
-               "reflection_source", "relevance_scorer", "relevance_threshold", "retrieval_top_k",
-               "context_in_loss", "advantage_grouping", "beta", "learning_rate", "max_completion_length",
-               "temperature", "answer_extraction", "seed")
+CARD_FIELDS = (
+    "data",
+    "num_generations",
+    "feedback_ratio",
+    "feedback_schedule",
+    "reflection_share",
+    "reflection_source",
+    "relevance_scorer",
+    "relevance_threshold",
+    "retrieval_top_k",
+    "context_in_loss",
+    "advantage_grouping",
+    "beta",
+    "learning_rate",
+    "max_completion_length",
+    "temperature",
+    "answer_extraction",
+    "seed",
+)
 
 
 def model_card(config: dict, problems: int, steps: int) -> str:
@@ -188,8 +244,10 @@ def push_final_model(final: Path, repo_id: str, private: bool | None = None) -> 
         api.create_repo(repo_id, private=private, exist_ok=True)
         api.upload_folder(folder_path=str(final), repo_id=repo_id, commit_message="lanpo: final model")
     except Exception as error:  # offline, no token, no rights: the model is safe on disk either way
-        raise RuntimeError(f"Pushing {final} to the hub as {repo_id!r} failed ({type(error).__name__}: {error}). "
-                           f"The model is saved in {final}; push it later with `huggingface-cli upload`.") from error
+        raise RuntimeError(
+            f"Pushing {final} to the hub as {repo_id!r} failed ({type(error).__name__}: {error}). "
+            f"The model is saved in {final}; push it later with `huggingface-cli upload`."
+        ) from error
 
 
 def read_jsonl(path: str | Path) -> list[dict]:
@@ -224,8 +282,12 @@ def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
 def reward_is_accuracy(rows: list[dict]) -> bool:
     """True when every logged reward/<kind>/mean equals accuracy/<kind>/mean (the reward is the verifier's 0/1):
     then one plot shows both."""
-    pairs = [(v, r.get("accuracy/" + k[len("reward/"):])) for r in rows for k, v in r.items()
-             if k.startswith("reward/") and k.endswith("/mean")]
+    pairs = [
+        (v, r.get("accuracy/" + k[len("reward/") :]))
+        for r in rows
+        for k, v in r.items()
+        if k.startswith("reward/") and k.endswith("/mean")
+    ]
     return all(a is not None and abs(float(v) - float(a)) < 1e-9 for v, a in pairs)
 
 
@@ -267,8 +329,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     return out
 
 
-def plot_compare(runs: dict[str, list[dict]], out: str | Path,
-                 keys=("reward/scratch/mean", "reward/feedback/mean", "lanpo/pool_size")) -> Path:
+def plot_compare(
+    runs: dict[str, list[dict]],
+    out: str | Path,
+    keys=("reward/scratch/mean", "reward/feedback/mean", "lanpo/pool_size"),
+) -> Path:
     """One panel per metric, one line per run."""
     plt = _plt()
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4))
@@ -300,8 +365,10 @@ def check_writable(folder: str | Path, what: str) -> None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".lanpo-write-check-"):
             pass
     except OSError as error:
-        raise OSError(f"{what} {folder} cannot be written ({error.strerror or error}): nothing was run; name a "
-                      "folder you can write to.") from None
+        raise OSError(
+            f"{what} {folder} cannot be written ({error.strerror or error}): nothing was run; name a "
+            "folder you can write to."
+        ) from None
     finally:
         for created in missing:  # deepest first
             try:

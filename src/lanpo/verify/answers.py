@@ -110,8 +110,10 @@ _NUMBER = re.compile(r"-?(?:[1-9]\d{0,2}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][+-]?\d
 _NUMBER_OR_BRACKET = re.compile(r"\\[()\[\]]|[(){}\[\]]|" + _NUMBER.pattern)
 _OPERATOR_BEFORE = set("^_/*+-")
 _OPERATOR_AFTER = set("^_/*+-!")
-_OPERAND_COMMAND = re.compile(r"\\(?:sqrt|[dt]?frac|times|cdot|div|pm|mp|log|ln|lg|exp|sin|cos|tan|sec|csc|cot|binom|"
-                              r"sum|prod|b?mod|pmod)\s*$")
+_OPERAND_COMMAND = re.compile(
+    r"\\(?:sqrt|[dt]?frac|times|cdot|div|pm|mp|log|ln|lg|exp|sin|cos|tan|sec|csc|cot|binom|"
+    r"sum|prod|b?mod|pmod)\s*$"
+)
 _PRODUCT_AFTER = re.compile(r"\\(?:times|cdot|div)(?![A-Za-z])")
 _WORD = re.compile(r"[A-Za-z]{2,}")
 _CONNECTORS = {"or", "and"}
@@ -125,11 +127,11 @@ def _stated_answer(text: str) -> str | None:
     matches = list(_ANSWER_IS.finditer(text))
     if not matches:
         return None
-    rest = text[matches[-1].end():matches[-1].end() + 300].split("\n", 1)[0].strip()
+    rest = text[matches[-1].end() : matches[-1].end() + 300].split("\n", 1)[0].strip()
     if rest.startswith("$"):
         close = _UNESCAPED_DOLLAR.search(rest, 1)
         if close:
-            return rest[1:close.start()].strip() or None
+            return rest[1 : close.start()].strip() or None
     tokens = []
     for token in rest.replace("$", " ").replace("**", " ").split():
         bare = token.strip(".,;:!?()")
@@ -211,12 +213,12 @@ def last_standalone_number(text: str) -> str | None:
 def _stands_alone(text: str, start: int, end: int) -> bool:
     if start > 0 and (text[start - 1].isalpha() or text[start - 1] == "\\"):
         return False
-    before = text[max(0, start - 40):start].rstrip()
+    before = text[max(0, start - 40) : start].rstrip()
     if before and (before[-1] in _OPERATOR_BEFORE or _OPERAND_COMMAND.search(before)):
         return False
     if text[start] == "-" and before and (before[-1].isalnum() or before[-1] in ")}]"):
         return False  # 5-3: a difference, not -3
-    after = text[end:end + 40].lstrip()
+    after = text[end : end + 40].lstrip()
     return not (after and (after[0] in _OPERATOR_AFTER or _PRODUCT_AFTER.match(after)))
 
 
@@ -228,8 +230,10 @@ def extract_answer(text: str, mode: str = "lenient", problem: str | None = None)
 # -- hedges ----------------------------------------------------------------------------------------------------
 
 _SEPARATORS = re.compile(r"\\text\{\s*(?:or|and)\s*\}|\\(?:lor|vee|quad|qquad)(?![A-Za-z])|\bor\b|\band\b|[,;=]")
-_LABEL = re.compile(r"(?:[A-Za-z]|\\(?:alpha|beta|gamma|delta|theta|phi|varphi|lambda|mu|omega|sigma|rho|tau|psi"
-                    r"|chi|eta|zeta|xi|nu|kappa|epsilon|varepsilon))(?:_\{?\w+\}?)?")
+_LABEL = re.compile(
+    r"(?:[A-Za-z]|\\(?:alpha|beta|gamma|delta|theta|phi|varphi|lambda|mu|omega|sigma|rho|tau|psi"
+    r"|chi|eta|zeta|xi|nu|kappa|epsilon|varepsilon))(?:_\{?\w+\}?)?"
+)
 _CHOICE = re.compile(r"\(?[A-Za-z]\)?")
 
 
@@ -249,7 +253,7 @@ def split_values(answer: str, separators: re.Pattern = _SEPARATORS) -> list[str]
         elif token in "})]":
             depth = max(0, depth - 1)
         elif depth == 0:
-            parts.append(answer[start:match.start()])
+            parts.append(answer[start : match.start()])
             start = match.end()
     parts.append(answer[start:])
     return [p.strip() for p in parts if p.strip()]
@@ -362,6 +366,7 @@ def names_several_values(prediction: str, gold: str) -> bool:
 
 
 # -- whether a text states an answer (for scrubbing lessons of their source problem's answer) ------------------
+
 
 def mentions_answer(text: str, answer: str) -> bool:
     """Whether ``text`` states ``answer`` in any equivalent form: ``7`` as ``14/2``, ``7.0``, ``seven``, ``７``,

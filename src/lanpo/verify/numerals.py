@@ -56,7 +56,7 @@ def ungroup(text: str) -> str:
 
     def digits(match: re.Match) -> str:
         plain = _PLAIN_COMMAS.fullmatch(match.group(2))
-        before, after = text[:match.start()].rstrip()[-1:], text[match.end():].lstrip()[:1]
+        before, after = text[: match.start()].rstrip()[-1:], text[match.end() :].lstrip()[:1]
         if plain and (before in ("(", "[") or after in (")", "]")):
             return match.group(0)  # (12,102): a point or an interval, not twelve thousand
         return match.group(1) + _NOT_DIGIT.sub("", match.group(2))
@@ -74,8 +74,10 @@ def strip_thousands(text: str) -> str:
 
 # -- numbers ---------------------------------------------------------------------------------------------------
 
-_DECIMAL = re.compile(r"([+-]?)([1-9]\d{0,2}(?:,\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)?(?:\.(\d+))?"
-                      r"(?:[eE]([+-]?\d{1,4}))?")
+_DECIMAL = re.compile(
+    r"([+-]?)([1-9]\d{0,2}(?:,\d{3})+|[1-9]\d{0,2}(?: \d{3})+|\d+)?(?:\.(\d+))?"
+    r"(?:[eE]([+-]?\d{1,4}))?"
+)
 _POWER = re.compile(r"(?:\\times|\\cdot|\*|x)\s*10\s*\^\s*(?:\{\s*([+-]?\d{1,4})\s*\}|([+-]?\d{1,4}))")
 _WRAPPERS = re.compile(r"\\?\$|\\[,!;: ]|\\left|\\right|\\mathrm\{\s*\}|\\text\{\s*\}")
 MAX_EXPONENT = 1000  # beyond this a number is left to math-verify (within its time limit)
@@ -93,10 +95,10 @@ def _decimal(text: str) -> tuple[Fraction, int | None] | None:
     power = _POWER.search(text)
     exponent = 0
     if power:
-        if text[power.end():].strip():
+        if text[power.end() :].strip():
             return None
         exponent = int(power.group(1) or power.group(2))
-        text = text[:power.start()].strip() or "1"
+        text = text[: power.start()].strip() or "1"
     match = _DECIMAL.fullmatch(text)
     if not match or not (match.group(2) or match.group(3)):
         return None
@@ -149,15 +151,19 @@ def _number(text: str, depth: int = 0) -> tuple[Fraction, int | None] | None:
                 middle += 1
             if end < 0 or middle >= len(body) or body[middle] != "{" or _braced(body, middle) != len(body):
                 return None
-            top, bottom = _number(body[first + 1:end - 1], depth + 1), _number(body[middle + 1:-1], depth + 1)
+            top, bottom = _number(body[first + 1 : end - 1], depth + 1), _number(body[middle + 1 : -1], depth + 1)
             if top is None or bottom is None or bottom[0] == 0:
                 return None
             return sign * top[0] / bottom[0], None
     power = _INT_POWER.fullmatch(text.removeprefix("-"))
     if power:  # 2^{98}: exact, so 1/2^98 and 2/2^98 never look equal (math-verify rounds to 6 places); -10^1 = -10
         base, exponent = _decimal(power.group(1)), int(power.group(2) or power.group(3))
-        if base is None or base[1] is not None or abs(exponent) * len(power.group(1)) > 4 * MAX_EXPONENT or \
-                (base[0] == 0 and exponent < 0):
+        if (
+            base is None
+            or base[1] is not None
+            or abs(exponent) * len(power.group(1)) > 4 * MAX_EXPONENT
+            or (base[0] == 0 and exponent < 0)
+        ):
             return None
         return (-1 if text.startswith("-") else 1) * base[0] ** exponent, None
     if "/" in text and text.count("/") == 1:
@@ -295,16 +301,45 @@ def _atom(tokens: list[str], i: int, depth: int) -> tuple[Fraction, int]:
 
 # -- every number a text writes ---------------------------------------------------------------------------------
 
-_UNITS = ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
-          "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+_UNITS = [
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+]
 _TENS = ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"]
 _WORD_VALUES = {**{w: i for i, w in enumerate(_UNITS)}, **{w: 20 + 10 * i for i, w in enumerate(_TENS)}}
 _SCALES = {"hundred": 100, "thousand": 1000, "million": 10**6, "billion": 10**9}
-_FRACTION_WORDS = {"half": Fraction(1, 2), "halves": Fraction(1, 2), "third": Fraction(1, 3),
-                   "thirds": Fraction(1, 3), "quarter": Fraction(1, 4), "quarters": Fraction(1, 4)}
-_WORD_RUN = re.compile(r"\b(?:(?:" + "|".join(sorted([*_WORD_VALUES, *_SCALES, *_FRACTION_WORDS], key=len,
-                                                       reverse=True)) + r")(?:[\s-]+(?:and[\s-]+)?|\b))+",
-                       re.IGNORECASE)
+_FRACTION_WORDS = {
+    "half": Fraction(1, 2),
+    "halves": Fraction(1, 2),
+    "third": Fraction(1, 3),
+    "thirds": Fraction(1, 3),
+    "quarter": Fraction(1, 4),
+    "quarters": Fraction(1, 4),
+}
+_WORD_RUN = re.compile(
+    r"\b(?:(?:"
+    + "|".join(sorted([*_WORD_VALUES, *_SCALES, *_FRACTION_WORDS], key=len, reverse=True))
+    + r")(?:[\s-]+(?:and[\s-]+)?|\b))+",
+    re.IGNORECASE,
+)
 _SPANS = [  # in priority order: a span taken whole hides the numbers inside it (6/2 is 3, not 6 and 2)
     re.compile(r"\\[dt]?frac\s*\{[^{}]{1,60}\}\s*\{[^{}]{1,60}\}|\\[dt]?frac\s*\d\s*\d"),  # \frac{14}{2}, \frac12
     re.compile(r"-?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|x|\*)\s*10\s*\^\s*\{?\s*-?\d{1,4}\s*\}?"),  # 7 \times 10^{0}
@@ -349,8 +384,12 @@ def written_numbers(text: str) -> list[str]:
                 taken.append(m.span())
                 found.append((m.start(), m.group(0)))
     found += [(m.start(), m.group(0)) for m in _SPACED.finditer(text)]
-    found += [(m.start() + len(m.group(0)) - len(m.group(0).lstrip(" -")), m.group(0).strip(" -"))
-              for m in _WORD_RUN.finditer(text)]
+    found += [
+        (m.start() + len(m.group(0)) - len(m.group(0).lstrip(" -")), m.group(0).strip(" -"))
+        for m in _WORD_RUN.finditer(text)
+    ]
     # "minus 3", "negative three", "is - 3": a negative number
-    return ["-" + span if not span.startswith("-") and _NEGATED.search(text, max(0, start - 12), start) else span
-            for start, span in found]
+    return [
+        "-" + span if not span.startswith("-") and _NEGATED.search(text, max(0, start - 12), start) else span
+        for start, span in found
+    ]

@@ -90,8 +90,9 @@ def _worker_main(conn: Connection) -> None:  # pragma: no cover - runs in the ch
             try:
                 gold_parsed = parse_gold(gold)
                 pred_parsed = parse(prediction, parsing_timeout=None)
-                score = float(bool(gold_parsed) and bool(pred_parsed)
-                              and verify(gold_parsed, pred_parsed, timeout_seconds=None))
+                score = float(
+                    bool(gold_parsed) and bool(pred_parsed) and verify(gold_parsed, pred_parsed, timeout_seconds=None)
+                )
                 conn.send((index, score, None))
             except BaseException as error:  # RecursionError, MemoryError, sympy errors: a 0, counted
                 conn.send((index, 0.0, type(error).__name__))
@@ -124,7 +125,8 @@ class _Worker:
             raise RuntimeError(
                 "A math-verify worker process exited while starting. Worker processes re-import the main module "
                 "(spawn/forkserver): when lanpo is used from a script, put the calling code under "
-                "`if __name__ == \"__main__\":`.") from None
+                '`if __name__ == "__main__":`.'
+            ) from None
         if message[0] != "ready":
             raise RuntimeError(f"Unexpected first message from a math-verify worker: {message!r}")
         self.ready = True
@@ -168,8 +170,13 @@ class MathVerifier:
             the time limit: a worker gets work only once it reports that math-verify is imported.
     """
 
-    def __init__(self, time_limit: float = 2.0, extraction: str = "strict", workers: int | None = None,
-                 start_method: str | None = None) -> None:
+    def __init__(
+        self,
+        time_limit: float = 2.0,
+        extraction: str = "strict",
+        workers: int | None = None,
+        start_method: str | None = None,
+    ) -> None:
         if time_limit <= 0:
             raise ValueError(f"time_limit must be > 0 seconds, got {time_limit}.")
         self.time_limit = float(time_limit)
@@ -220,8 +227,9 @@ class MathVerifier:
         self.stats["correct"] += int(sum(scores))
         return scores
 
-    def score_texts(self, golds: Sequence[str], texts: Sequence[str],
-                    problems: Sequence[str | None] | None = None) -> list[float]:
+    def score_texts(
+        self, golds: Sequence[str], texts: Sequence[str], problems: Sequence[str | None] | None = None
+    ) -> list[float]:
         """Extract the final answer of each model output, then :meth:`score` it. With ``problems``, lenient
         extraction never reads a number the output copied from its problem statement."""
         problems = problems if problems is not None else [None] * len(texts)
@@ -295,8 +303,12 @@ class MathVerifier:
                     stuck = worker.pending.pop(0)
                     results[stuck[0]] = 0.0
                     self.stats["timeouts"] += 1
-                    logger.warning("Verifying %r against %r exceeded %.1fs; scored 0 (worker restarted)",
-                                   stuck[2][:80], stuck[1][:40], self.time_limit)
+                    logger.warning(
+                        "Verifying %r against %r exceeded %.1fs; scored 0 (worker restarted)",
+                        stuck[2][:80],
+                        stuck[1][:40],
+                        self.time_limit,
+                    )
                     queue = worker.pending + queue  # the rest of its chunk goes to a fresh worker
                     busy.remove(worker)
                     self._workers.remove(worker)
@@ -342,8 +354,9 @@ def make_accuracy_reward(verifier: MathVerifier | None = None):
 
     def accuracy(completions, answer, problem=None, log_metric=None, **kwargs) -> list[float]:
         before = Counter(verifier.stats)
-        scores = verifier.score_texts(list(answer), [completion_text(c) for c in completions],
-                                      list(problem) if problem is not None else None)
+        scores = verifier.score_texts(
+            list(answer), [completion_text(c) for c in completions], list(problem) if problem is not None else None
+        )
         if log_metric is not None and completions:
             delta = verifier.stats - before
             log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))
