@@ -11,7 +11,9 @@ Same model (the embedded default, SmolLM2-135M on CPU), config and seed for ever
 * ``lanpo-keep`` / ``lanpo-strip`` — the same with ``context_in_loss`` keep / strip (the one equal to the default is
   not run twice);
 * ``lanpo-cold``  — LanpoTrainer defaults in the first epoch: no stored attempts, so reflection waits for this
-  step's scratch rollouts (a second generation phase for every group).
+  step's scratch rollouts (a second generation phase for every group);
+* ``unsolved``    — ``feedback_trigger unsolved`` from the warm pool: GRPO's rollout, then a second phase for the
+  groups whose rows all failed only (its ``triggered_share`` says how many did).
 
 The training set has 4 problems, one per step. The warm epoch runs once, before the clock, as a LanpoTrainer run
 of the defaults over the 4 problems; each warm arm starts from a copy of its pool (attempts and entries) and the
@@ -48,8 +50,14 @@ from lanpo.launch.train import parse
 from lanpo.pool.store import ExperiencePool
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 
-ARMS = ("trl", "grpo", "lanpo", "lanpo-keep", "lanpo-strip", "lanpo-cold")
-SHARES = ("lanpo/feedback_share", "lanpo/fallback_share", "lanpo/feedback_tokens_per_prompt")
+ARMS = ("trl", "grpo", "lanpo", "lanpo-keep", "lanpo-strip", "lanpo-cold", "unsolved")
+SHARES = (
+    "lanpo/feedback_share",
+    "lanpo/fallback_share",
+    "lanpo/feedback_tokens_per_prompt",
+    "lanpo/triggered_share",
+    "lanpo/feedback_lift",
+)
 SPLIT = ("time/generate", "time/summarize", "time/retrieve", "time/reward", "time/score", "time/update")
 
 
@@ -92,6 +100,8 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: in
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
     if arm in ("lanpo-keep", "lanpo-strip"):
         cli += ["--context_in_loss", arm.split("-")[1]]
+    if arm == "unsolved":
+        cli += ["--feedback_trigger", "unsolved"]
     _, _, config = parse(cli)
     tokenizer = load_tokenizer(model_path)
     start = time.perf_counter()
@@ -114,7 +124,7 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: in
         )
     else:
         pool = None
-        if arm in ("lanpo", "lanpo-keep", "lanpo-strip"):
+        if arm in ("lanpo", "lanpo-keep", "lanpo-strip", "unsolved"):
             os.makedirs(out, exist_ok=True)
             shutil.copy(warm, os.path.join(out, "pool.sqlite"))
             pool = ExperiencePool(
@@ -180,7 +190,7 @@ def main() -> None:
     try:
         warm = (
             warm_pool(model_path, dataset, args.min_new_tokens, workdir)
-            if {"lanpo", "lanpo-keep", "lanpo-strip"} & set(arms)
+            if {"lanpo", "lanpo-keep", "lanpo-strip", "unsolved"} & set(arms)
             else None
         )
         for repeat in range(args.repeats):

@@ -711,3 +711,104 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
     other = Trial("r", "3 + 3", "it is 6", False, gold="6")
     finished, carried = step([other])  # an end-of-sequence token ends it
     assert not carried and other.summary_ids == [90, 91, 0] and finished[0][0] is other
+
+
+# -- feedback where GRPO has no signal (issue 39) ---------------------------------------------------------------
+
+
+def _scripted_scores(trainer, solved_every: int = 2):
+    """The verifier's verdict on phase-A rows, scripted: every ``solved_every``-th group has one right row."""
+    calls = []
+
+    def score(rows):
+        calls.append([r.kind for r in rows])
+        return [(i // 4) % solved_every == 0 and i % 4 == 0 for i in range(len(rows))]
+
+    trainer._model_io.score = score
+    return calls
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
+def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_failed(tiny_model_dir, tmp_path, share):
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, feedback_trigger="unsolved", feedback_ratio=0.5, reflection_share=share,
+        max_steps=2, problems=8, per_device_train_batch_size=16,
+    )
+    stub_summaries(trainer)
+    calls, seen, after = _scripted_scores(trainer), [], trainer._after_rollouts
+
+    def capture(output):
+        seen.append([(r.kind, r.has_feedback, r.triggered, r.text, r.context) for r in trainer._rows])
+        after(output)
+
+    trainer._after_rollouts = capture
+    trainer.train()
+    assert calls and all(kinds == ["scratch"] * len(kinds) for kinds in calls)  # phase A is GRPO's rollout
+    for rows in seen:
+        for start in range(0, len(rows), 4):
+            group = rows[start : start + 4]
+            solved = (start // 4) % 2 == 0
+            assert all(r[2] is (not solved) for r in group)
+            planned = [r for r in group if r[0] != "scratch"]
+            assert not planned if solved else len(planned) == 2  # round(p_t G) = 2 of the failed rows
+            assert all(r[0] == "abstraction" for r in planned) if share == 0 else True
+            assert all(r[1] is False for r in group if r[0] == "scratch")  # feedback only where planned
+    if share > 0:  # reflection always has the group's own failed attempts (abstraction needs a pool first)
+        assert any(r[1] for rows in seen for r in rows)
+    for key in ("lanpo/triggered_share", "lanpo/rescue_rate", "completions/truncated/scratch"):
+        assert history(trainer, key), key
+    assert history(trainer, "lanpo/triggered_share") == [0.5, 0.5]
+    samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    assert samples and (share == 0 or any(s["feedback"] for s in samples))
+
+
+def test_unsolved_trigger_at_p_t_zero_is_exactly_the_plain_rollout(tiny_model_dir, tmp_path):
+    runs = []
+    for name, trigger in (("a", "always"), ("b", "unsolved")):  # each built then trained: the seed is set at build
+        trainer = make_trainer(tiny_model_dir, tmp_path, name, feedback_ratio=0.0, max_steps=2, feedback_trigger=trigger)
+        stub_summaries(trainer)
+        trainer.train()
+        runs.append(trainer)
+    a, b = runs
+    assert history(a, "loss") == history(b, "loss") and history(a, "reward") == history(b, "reward")
+
+
+def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_by_kind(tiny_model_dir, tmp_path):
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, feedback_ratio=0.5, max_completion_length=4, feedback_max_completion_length=11,
+        max_steps=2, reflection_share=1.0,
+    )
+    stub_summaries(trainer)
+    limits, original = [], trainer._generate_ids
+
+    def generate(prompt_ids):
+        limits.append(trainer.generation_config.max_new_tokens)
+        return original(prompt_ids)
+
+    trainer._generate_ids = generate
+    widths, after = [], trainer._after_rollouts
+
+    def capture(output):
+        widths.append([(r.has_feedback, len(r.completion_ids)) for r in trainer._rows])
+        after(output)
+
+    trainer._after_rollouts = capture
+    trainer.train()
+    assert 11 in limits and 4 in limits
+    rows = [row for step in widths for row in step]
+    assert any(fb and n > 4 for fb, n in rows) and all(n <= 4 for fb, n in rows if not fb)
+    assert history(trainer, "completions/truncated/feedback") and history(trainer, "completions/truncated/scratch")
+
+
+def test_retrieval_never_shows_the_same_problem_restated_under_another_id():
+    from lanpo.data.loaders import same_problem
+    from lanpo.pool.retrieval import Retriever
+    from lanpo.pool.store import ExperiencePool, PoolEntry
+
+    pool = ExperiencePool()
+    twins = ["Compute 4 + 3.", "Find the sum of 3 and 4.", "what  is 3 + 4?"]
+    pool.add([PoolEntry(f"twin{i}", text, "add", ["add the ones"], []) for i, text in enumerate(twins)])
+    pool.add([PoolEntry("other", "What is 3 + 5?", "add", ["add the ones"], [])])
+    hits = Retriever(pool, "bm25", gamma=0.0, top_k=5).retrieve("me", "What is 3 + 4?")
+    assert [h.entry.problem_id for h in hits] == ["other"]
+    assert all(same_problem("What is 3 + 4?", t) for t in twins) and not same_problem("What is 3 + 4?", "3 - 4?")

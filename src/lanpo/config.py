@@ -20,12 +20,14 @@ logger = logging.getLogger(__name__)
 # Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
 Schedule = Literal["constant", "linear"]
 ReflectionSource = Literal["auto", "step", "pool"]
+Trigger = Literal["always", "unsolved"]
 Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["strip", "strip-sequence", "shaped", "unweighted", "keep"]
 AdvantageGrouping = Literal["shared", "separate", "scratch-baseline"]
 Extraction = Literal["strict", "lenient"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
+TRIGGERS = get_args(Trigger)
 CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = (
     get_args(ContextInLoss),
     get_args(AdvantageGrouping),
@@ -88,6 +90,26 @@ class LanpoConfig(GRPOConfig):
         default=0.5,
         metadata={
             "help": "Share of feedback rollouts that use reward-agnostic reflection; the rest use relevant abstraction."
+        },
+    )
+    feedback_trigger: Trigger = field(
+        default="always",
+        metadata={
+            "help": "always: every group gets round(p_t*G) feedback rows; unsolved: every row is first generated "
+            "from scratch (GRPO's rollout) and only groups whose pass rate is at most feedback_trigger_pass_rate "
+            "get round(p_t*G) of their failed rows regenerated with feedback (reflection then shows an attempt "
+            "known to have failed)."
+        },
+    )
+    feedback_trigger_pass_rate: float = field(
+        default=0.0,
+        metadata={"help": "unsolved: a group is triggered when at most this share of its scratch rows is right."},
+    )
+    feedback_max_completion_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Most new tokens of a feedback row (its analysis comes before the solution); default "
+            "max_completion_length. Truncation is logged per row kind."
         },
     )
     reflection_source: ReflectionSource = field(
@@ -262,6 +284,12 @@ class LanpoConfig(GRPOConfig):
         unit("reflection_share")
         unit("relevance_threshold")
         choice("feedback_schedule", SCHEDULES)
+        choice("feedback_trigger", TRIGGERS)
+        unit("feedback_trigger_pass_rate")
+        if self.feedback_max_completion_length is not None and self.feedback_max_completion_length < 1:
+            raise ValueError(
+                f"feedback_max_completion_length must be >= 1 (or unset), got {self.feedback_max_completion_length}."
+            )
         choice("reflection_source", REFLECTION_SOURCES)
         choice("relevance_scorer", SCORERS)
         choice("context_in_loss", CONTEXT_IN_LOSS)

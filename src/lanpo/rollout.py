@@ -73,6 +73,8 @@ class Row:
     context_ids: list[int] | None = None
     sampler_logps: list[float] | None = None  # per completion token, as the sampler drew it (strip mode's π(y|x,c))
     retrieved: list[dict] = field(default_factory=list)  # abstraction rows: the pool entries that passed γ
+    triggered: bool | None = None  # feedback_trigger unsolved: whether its group failed from scratch (None: always)
+    truncated: bool = False  # its completion reached its length limit without ending
 
     @property
     def has_feedback(self) -> bool:
@@ -91,6 +93,9 @@ class RolloutModel:
     summary_max_length: int | None = None  # a summary ends here at the latest
     max_new_tokens: int | None = None  # generate_ids' length limit: a shorter completion has ended
     stop_ids: frozenset[int] = frozenset()  # end-of-sequence tokens
+    feedback_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]] | None = None  # feedback rows'
+    # own length limit (None: generated with the rest, at generate_ids' limit)
+    score: Callable[[list[Row]], list[bool]] | None = None  # feedback_trigger unsolved: which rows are right
 
 
 def problem_of(row: dict) -> tuple[str, str]:
@@ -156,9 +161,13 @@ def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
             row.context_ids = ids
 
 
-def _generate(model: RolloutModel, rows: list[Row], extra: list[list[int]], index: list[int]) -> list[list[int]]:
-    """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch."""
-    completions, sampled = model.generate_ids([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
+def _generate(
+    model: RolloutModel, rows: list[Row], extra: list[list[int]], index: list[int], feedback: bool = False
+) -> list[list[int]]:
+    """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch
+    (``feedback``: with the feedback rows' own length limit, where one is set)."""
+    generate = model.feedback_ids if feedback and model.feedback_ids is not None else model.generate_ids
+    completions, sampled = generate([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
     for k, i in enumerate(index):
         rows[i].completion_ids = completions[k]
         rows[i].text = model.decode(completions[k])
@@ -200,6 +209,13 @@ def lanpo_rollout(
 
     phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or i - i % g not in deferred]
     _tokenize_contexts(model, [rows[i] for i in phase_a])
+    if model.feedback_ids is not None:  # feedback rows have their own length limit: a generation of their own
+        apart = [i for i in phase_a if rows[i].has_feedback]
+        phase_a = [i for i in phase_a if not rows[i].has_feedback]
+        if apart:
+            start = time.perf_counter()
+            _generate(model, rows, [], apart, feedback=True)
+            timer["generate"] += time.perf_counter() - start
     start = time.perf_counter()
     summaries = _generate(model, rows, [_summary_input(model, t) for t in pending], phase_a)
     elapsed = time.perf_counter() - start
@@ -218,16 +234,80 @@ def lanpo_rollout(
         _tokenize_contexts(model, [rows[i] for i in phase_b])
         timer["retrieve"] += time.perf_counter() - start
         start = time.perf_counter()
-        _generate(model, rows, [], phase_b)
+        _generate(model, rows, [], phase_b, feedback=True)
         timer["generate"] += time.perf_counter() - start
+    return _output(rows, keep_context), finished, carried
 
-    output = {
+
+def _output(rows: list[Row], keep_context: bool) -> dict[str, Any]:
+    """TRL's rollout output: one prompt and completion per row (the sampler's log-probabilities when it gave
+    every row's)."""
+    return {
         "prompt_ids": [(r.context_ids if keep_context and r.context_ids is not None else r.plain_ids) for r in rows],
         "completion_ids": [r.completion_ids for r in rows],
         "logprobs": [r.sampler_logps for r in rows] if all(r.sampler_logps is not None for r in rows) else None,
         "lanpo_kind": [r.kind if r.has_feedback else "scratch" for r in rows],
     }
-    return output, finished, carried
+
+
+def unsolved_rollout(
+    rows: list[Row],
+    plain_ids: list[list[int]],
+    g: int,
+    model: RolloutModel,
+    *,
+    plan: GroupPlan,
+    pass_rate: float,
+    retriever: Retriever,
+    pool: ExperiencePool,
+    keep_context: bool,
+    pending: list[Trial],
+    timer: Counter,
+    counts: Counter,
+    judge: AbstractContextManager | None = None,
+) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
+    """``feedback_trigger="unsolved"``: feedback only where plain rollouts give GRPO no signal.
+
+    Phase A is GRPO's rollout: every row from its plain prompt (with the summaries riding along). A group whose
+    pass rate is at most ``pass_rate`` is triggered: ``plan.feedback`` of its failed rows (as many as failed,
+    if fewer) are planned as feedback, ``plan.reflection`` of them reflections on the group's own failed
+    attempts (so the context shows an attempt known to be wrong: reward information, unlike ``always``), the
+    rest abstractions, and phase B regenerates them with their contexts. A planned row whose context cannot be
+    built keeps its scratch completion (a fallback, counted). Groups that solve the problem get no feedback.
+    """
+    for row, ids in zip(rows, plain_ids):
+        row.kind, row.plain_ids = "scratch", ids
+    start = time.perf_counter()
+    summaries = _generate(model, rows, [_summary_input(model, t) for t in pending], list(range(len(rows))))
+    timer["generate"] += time.perf_counter() - start
+    finished, carried = continue_summaries(model, pending, summaries)
+    right = model.score(rows)
+    attempts: dict[int, list[str]] = {}
+    for s in range(0, len(rows), g):
+        group = range(s, s + g)
+        triggered = sum(right[i] for i in group) <= pass_rate * g
+        for i in group:
+            rows[i].triggered = triggered
+        if not triggered or plan.feedback == 0:
+            continue
+        failed = [i for i in group if not right[i]]
+        chosen = failed[: plan.feedback]
+        reflections = round(len(chosen) * plan.reflection / plan.feedback)
+        for k, i in enumerate(chosen):
+            rows[i].kind = "reflection" if k < reflections else "abstraction"
+        attempts[s] = [rows[i].text for i in failed if rows[i].text.strip()]
+    start = time.perf_counter()
+    attach_abstractions(rows, g, retriever, counts, judge)
+    for s, texts in attempts.items():
+        attach_reflections(rows[s : s + g], texts, pool)
+    phase_b = [i for i, r in enumerate(rows) if r.has_feedback]
+    _tokenize_contexts(model, [rows[i] for i in phase_b])
+    timer["retrieve"] += time.perf_counter() - start
+    if phase_b:
+        start = time.perf_counter()
+        _generate(model, rows, [], phase_b, feedback=True)
+        timer["generate"] += time.perf_counter() - start
+    return _output(rows, keep_context), finished, carried
 
 
 def _summary_input(model: RolloutModel, trial: Trial) -> list[int]:

@@ -118,6 +118,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         self._accuracy_index = (
             self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names else None
         )
+        self.feedback_limit = args.feedback_max_completion_length or self.max_completion_length
         self._model_io = rollout.RolloutModel(
             tokenize=lambda prompts: [list(ids) for ids in self._tokenize_prompts(prompts)[0]],
             tokenize_summary=lambda messages: chat_ids(self.processing_class, messages),
@@ -127,6 +128,10 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             summary_max_length=args.summary_max_length,
             max_new_tokens=self.max_completion_length,
             stop_ids=frozenset(self.eos_token_ids),
+            feedback_ids=length_limit(self, self.feedback_limit, keep_floor=True)(lambda ids: self._generate_ids(ids))
+            if self.feedback_limit != self.max_completion_length
+            else None,
+            score=self._right,
         )
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
@@ -169,6 +174,11 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                 )
         return [list(c) for c in completion_ids[:n]], logprobs[:n] if logprobs is not None else None
 
+    def _right(self, rows: list[rollout.Row]) -> list[bool]:
+        """Which rows' answers the verifier credits (feedback_trigger unsolved decides on these)."""
+        scores = self.verifier.score_texts([r.gold for r in rows], [r.text for r in rows], [r.problem for r in rows])
+        return [score > 0.5 for score in scores]
+
     def _any_process(self, flag: bool) -> bool:
         return any(gather_object([flag])) if self.accelerator.num_processes > 1 else flag
 
@@ -197,20 +207,34 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             return output
         self._rows = rollout.make_rows(inputs, g, plan)
         pending, self._pending = self._pending, []
-        output, finished, self._pending = rollout.lanpo_rollout(
-            self._rows,
-            self._model_io.tokenize(prompts),
-            g,
-            self._model_io,
+        common = dict(
             retriever=self.retriever,
             pool=self.pool,
-            reflection_source=self.args.reflection_source,
             keep_context=self.args.context_in_loss == "keep",
             pending=pending,
             timer=self._timer,
             counts=self._step_counts,
             judge=self._judge_model(),
         )
+        if self.args.feedback_trigger == "unsolved":  # GRPO's rollout, then feedback for the groups that failed
+            output, finished, self._pending = rollout.unsolved_rollout(
+                self._rows,
+                self._model_io.tokenize(prompts),
+                g,
+                self._model_io,
+                plan=plan,
+                pass_rate=self.args.feedback_trigger_pass_rate,
+                **common,
+            )
+        else:
+            output, finished, self._pending = rollout.lanpo_rollout(
+                self._rows,
+                self._model_io.tokenize(prompts),
+                g,
+                self._model_io,
+                reflection_source=self.args.reflection_source,
+                **common,
+            )
         self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
         self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
         if not self.use_vllm:  # TRL's transformers path has no sampler log-probabilities: rows keep them
@@ -323,7 +347,16 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             write_retrievals(self.run_dir / "retrievals.jsonl", rows, step, g)
 
     def _log_step_metrics(self, rewards: torch.Tensor, correct: torch.Tensor) -> None:
-        local = [row_record(r, rw, c) for r, rw, c in zip(self._rows, rewards.tolist(), correct.tolist())]
+        g, rank = self.num_generations, self.accelerator.process_index
+        for row in self._rows:
+            limit = self.feedback_limit if row.has_feedback else self.max_completion_length
+            row.truncated = len(row.completion_ids) >= limit and not set(row.completion_ids[-1:]) & set(
+                self.eos_token_ids
+            )
+        local = [
+            row_record(r, rw, c, f"{rank}:{i // g}")
+            for i, (r, rw, c) in enumerate(zip(self._rows, rewards.tolist(), correct.tolist()))
+        ]
         records = [x for part in gather_object([local]) for x in part]
         values = step_metrics(
             records,

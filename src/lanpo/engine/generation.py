@@ -174,15 +174,17 @@ def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Ten
 
 
 @contextmanager
-def length_limit(trainer, max_new_tokens: int):
-    """A TRL trainer's generation settings with another length limit (pool summaries), restored after: the
-    transformers config (``min_new_tokens`` dropped: a floor forced on rollouts is not one for summaries) and vLLM's
-    ``max_tokens``."""
+def length_limit(trainer, max_new_tokens: int, keep_floor: bool = False):
+    """A TRL trainer's generation settings with another length limit (pool summaries, feedback rows), restored
+    after: the transformers config (``min_new_tokens`` dropped unless ``keep_floor``: a floor forced on rollouts is
+    not one for summaries) and vLLM's ``max_tokens``."""
     config, vllm = getattr(trainer, "generation_config", None), getattr(trainer, "vllm_generation", None)
     limit = getattr(vllm, "max_completion_length", None) if trainer.use_vllm else None
     if config is not None:
         trainer.generation_config = copy.deepcopy(config)
-        trainer.generation_config.max_new_tokens, trainer.generation_config.min_new_tokens = max_new_tokens, None
+        trainer.generation_config.max_new_tokens = max_new_tokens
+        if not keep_floor:
+            trainer.generation_config.min_new_tokens = None
     if limit is not None:
         vllm.max_completion_length = max_new_tokens
     try:

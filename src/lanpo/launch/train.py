@@ -136,6 +136,9 @@ HELP_GROUPS = {
         "feedback_warmup_steps",
         "reflection_share",
         "reflection_source",
+        "feedback_trigger",
+        "feedback_trigger_pass_rate",
+        "feedback_max_completion_length",
     ],
     "LANPO: experience pool and retrieval": [
         "pool_cap",

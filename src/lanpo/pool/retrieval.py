@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lanpo.data.loaders import same_problem
 from lanpo.pool.bm25 import BM25Index, entry_text
 from lanpo.pool.store import ExperiencePool, PoolEntry
 
@@ -266,7 +267,8 @@ class Retriever:
         found = []
         for problem_id, problem in queries:
             hits = self.index.search(problem, self.num_candidates, exclude_problem=problem_id)
-            entries = self.pool.entries(ids=[h[0] for h in hits])
+            # another id may hold the same problem (a restated or reordered copy): never shown as "another" one
+            entries = [e for e in self.pool.entries(ids=[h[0] for h in hits]) if not same_problem(e.problem, problem)]
             by_id = dict(hits)
             found.append((problem, entries, [by_id[e.id] for e in entries]))
         scored = self.scorer.score_many(found)  # also without candidates: a judge's forwards may be collective

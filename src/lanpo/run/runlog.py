@@ -40,11 +40,24 @@ class RowRecord(NamedTuple):
     correct: bool
     context_tokens: int  # how many tokens the feedback context added to the prompt
     fallback: str | None  # why planned feedback fell back to the plain prompt
+    group: str = ""  # which group of G it belongs to (unique in a step over every process)
+    triggered: bool | None = None  # feedback_trigger unsolved: its group failed from scratch (None: always)
+    truncated: bool = False  # its completion reached its length limit
 
 
-def row_record(row: Row, reward: float, correct: bool) -> RowRecord:
+def row_record(row: Row, reward: float, correct: bool, group: str = "") -> RowRecord:
     extra = len(row.context_ids) - len(row.plain_ids) if row.context_ids is not None else 0
-    return RowRecord(row.kind, row.has_feedback, float(reward), bool(correct), extra, row.fallback)
+    return RowRecord(
+        row.kind,
+        row.has_feedback,
+        float(reward),
+        bool(correct),
+        extra,
+        row.fallback,
+        group,
+        row.triggered,
+        row.truncated,
+    )
 
 
 def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dict[str, float]:
@@ -72,6 +85,36 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
         if part:
             metrics[f"reward/{name}/mean"] = sum(x.reward for x in part) / len(part)
             metrics[f"accuracy/{name}/mean"] = sum(x.correct for x in part) / len(part)
+    for name in ("scratch", "feedback"):
+        if groups[name]:
+            metrics[f"completions/truncated/{name}"] = sum(x.truncated for x in groups[name]) / len(groups[name])
+    metrics.update(lift_and_trigger_metrics(records))
+    return metrics
+
+
+def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
+    """``lanpo/feedback_lift``: accuracy of feedback rows minus that of the scratch rows of the same groups
+    (groups holding both kinds). Under feedback_trigger unsolved, ``lanpo/triggered_share`` (groups that failed
+    from scratch) and ``lanpo/rescue_rate`` (triggered groups where a feedback row is right)."""
+    by_group: dict[str, list[RowRecord]] = {}
+    for x in records:
+        by_group.setdefault(x.group, []).append(x)
+    mixed = [
+        rows
+        for rows in by_group.values()
+        if any(x.has_feedback for x in rows) and not all(x.has_feedback for x in rows)
+    ]
+    metrics: dict[str, float] = {}
+    if mixed:
+        feedback = [x.correct for rows in mixed for x in rows if x.has_feedback]
+        scratch = [x.correct for rows in mixed for x in rows if not x.has_feedback]
+        metrics["lanpo/feedback_lift"] = sum(feedback) / len(feedback) - sum(scratch) / len(scratch)
+    if any(x.triggered is not None for x in records):
+        triggered = [rows for rows in by_group.values() if rows[0].triggered]
+        metrics["lanpo/triggered_share"] = len(triggered) / len(by_group)
+        if triggered:
+            rescued = sum(any(x.has_feedback and x.correct for x in rows) for rows in triggered)
+            metrics["lanpo/rescue_rate"] = rescued / len(triggered)
     return metrics
 
 
