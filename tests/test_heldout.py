@@ -84,3 +84,27 @@ def test_eval_every_alone_trains_on_gsm8k_train_and_evaluates_its_test_split(tin
     assert [r["step"] for r in evals] == [0, 1, 2]
     assert set(json.loads(x)["problem"] for x in (run / "samples.jsonl").read_text().splitlines()) <= set(train)
     assert len(test) == 5 and not set(train) & set(test)
+
+
+def _fact(text: str) -> tuple:
+    """A problem's fact read independently of lanpo: its numbers (order-free) and its operations."""
+    import re
+
+    words = {"+": "+", "sum": "+", "more": "+", "-": "-", "subtract": "-", "away": "-", "left": "-", "×": "*",
+             "*": "*", "times": "*"}
+    tokens = re.findall(r"\d+|[+\-*×]|[a-z]+", text.lower())
+    return tuple(sorted(t for t in tokens if t.isdigit())), tuple(sorted({words[t] for t in tokens if t in words}))
+
+
+@pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_no_held_out_arithmetic_fact_is_a_training_fact(level, seed):
+    """"Compute 4 + 3." held out while "What is 3 + 4?" is trained is recall, not generalization: the split is by
+    fact (operands order-free and operations), at every level."""
+    from lanpo.data.loaders import builtin_arith
+
+    train = builtin_arith(str(level), n=400, seed=seed)
+    test = builtin_arith(str(level), n=100, seed=seed, split="test")
+    assert len(train) > 50 and len(test) > 10
+    shared = {_fact(p.problem) for p in train} & {_fact(p.problem) for p in test}
+    assert not shared, sorted(shared)[:5]

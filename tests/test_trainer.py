@@ -731,8 +731,14 @@ def _scripted_scores(trainer, solved_every: int = 2):
 @pytest.mark.parametrize("share", [0.0, 0.5, 1.0])
 def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_failed(tiny_model_dir, tmp_path, share):
     trainer = make_trainer(
-        tiny_model_dir, tmp_path, feedback_trigger="unsolved", feedback_ratio=0.5, reflection_share=share,
-        max_steps=2, problems=8, per_device_train_batch_size=16,
+        tiny_model_dir,
+        tmp_path,
+        feedback_trigger="unsolved",
+        feedback_ratio=0.5,
+        reflection_share=share,
+        max_steps=2,
+        problems=8,
+        per_device_train_batch_size=16,
     )
     stub_summaries(trainer)
     calls, seen, after = _scripted_scores(trainer), [], trainer._after_rollouts
@@ -755,7 +761,7 @@ def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_f
             assert all(r[1] is False for r in group if r[0] == "scratch")  # feedback only where planned
     if share > 0:  # reflection always has the group's own failed attempts (abstraction needs a pool first)
         assert any(r[1] for rows in seen for r in rows)
-    for key in ("lanpo/triggered_share", "lanpo/rescue_rate", "completions/truncated/scratch"):
+    for key in ("lanpo/triggered_share", "lanpo/rescued_share", "lanpo/rescue_rate", "completions/truncated/scratch"):
         assert history(trainer, key), key
     assert history(trainer, "lanpo/triggered_share") == [0.5, 0.5]
     samples = [json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
@@ -765,7 +771,9 @@ def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_f
 def test_unsolved_trigger_at_p_t_zero_is_exactly_the_plain_rollout(tiny_model_dir, tmp_path):
     runs = []
     for name, trigger in (("a", "always"), ("b", "unsolved")):  # each built then trained: the seed is set at build
-        trainer = make_trainer(tiny_model_dir, tmp_path, name, feedback_ratio=0.0, max_steps=2, feedback_trigger=trigger)
+        trainer = make_trainer(
+            tiny_model_dir, tmp_path, name, feedback_ratio=0.0, max_steps=2, feedback_trigger=trigger
+        )
         stub_summaries(trainer)
         trainer.train()
         runs.append(trainer)
@@ -775,8 +783,13 @@ def test_unsolved_trigger_at_p_t_zero_is_exactly_the_plain_rollout(tiny_model_di
 
 def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_by_kind(tiny_model_dir, tmp_path):
     trainer = make_trainer(
-        tiny_model_dir, tmp_path, feedback_ratio=0.5, max_completion_length=4, feedback_max_completion_length=11,
-        max_steps=2, reflection_share=1.0,
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=0.5,
+        max_completion_length=4,
+        feedback_max_completion_length=11,
+        max_steps=2,
+        reflection_share=1.0,
     )
     stub_summaries(trainer)
     limits, original = [], trainer._generate_ids
@@ -801,7 +814,7 @@ def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_
 
 
 def test_retrieval_never_shows_the_same_problem_restated_under_another_id():
-    from lanpo.data.loaders import same_problem
+    from lanpo.data.arith import same_problem
     from lanpo.pool.retrieval import Retriever
     from lanpo.pool.store import ExperiencePool, PoolEntry
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 
 NAMES = [
     "Ava",
@@ -90,9 +91,61 @@ def _arith_level(level: int, rng: random.Random) -> tuple[str, int]:
     raise ValueError(f"builtin:arith has levels 1 to 5, not {level}.")
 
 
+# What counts as the same problem (retrieval never shows one as "another" problem)
+
+_OPERATION_WORDS = {
+    "+": "+",
+    "plus": "+",
+    "sum": "+",
+    "add": "+",
+    "more": "+",
+    "total": "+",
+    "-": "-",
+    "minus": "-",
+    "subtract": "-",
+    "difference": "-",
+    "left": "-",
+    "away": "-",
+    "*": "*",
+    "\u00d7": "*",
+    "times": "*",
+    "product": "*",
+    "\\times": "*",
+    "\\cdot": "*",
+    "/": "/",
+    "divided": "/",
+    "\u00f7": "/",
+    "\\div": "/",
+}
+_FACT_TOKEN = re.compile(r"\d+(?:\.\d+)?|[+\-*/\u00d7\u00f7]|\\[a-z]+|[a-z]+")
+MAX_FACT_CHARS = 160  # a fact is read only from a short problem; a long one is a different problem if its text is
+
+
+def problem_key(problem: str) -> tuple[str, tuple | None]:
+    """``(text, fact)`` of a problem: its text with case and spacing normalized, and for a short arithmetic
+    problem its fact, the operands (order-free) with the operations: "What is 3 + 4?", "Compute 4 + 3." and
+    "Find the sum of 3 and 4." share one fact. ``fact`` is None where there is none to read (fewer than two
+    numbers, no operation, or a long problem)."""
+    text = " ".join(problem.lower().split())
+    if len(text) > MAX_FACT_CHARS:
+        return text, None
+    tokens = _FACT_TOKEN.findall(text)
+    numbers = sorted(t for t in tokens if t[0].isdigit())
+    operations = sorted({_OPERATION_WORDS[t] for t in tokens if t in _OPERATION_WORDS})
+    return text, (tuple(numbers), tuple(operations)) if len(numbers) >= 2 and operations else None
+
+
+def same_problem(a: str, b: str) -> bool:
+    """Whether two problem texts are one problem: the same text, or the same arithmetic fact."""
+    (text_a, fact_a), (text_b, fact_b) = problem_key(a), problem_key(b)
+    return text_a == text_b or (fact_a is not None and fact_a == fact_b)
+
+
 def _in_test_split(text: str) -> bool:
-    """A fixed fifth of all possible problems is held out: train and test never share a problem."""
-    return int(hashlib.sha1(text.encode()).hexdigest(), 16) % 5 == 0
+    """Train and test are split by fact, not by text: "What is 3 + 4?" and "Find the sum of 3 and 4." state one
+    fact and always land on the same side, so no held-out problem is a training fact restated."""
+    text, fact = problem_key(text)
+    return int(hashlib.sha1(repr(fact if fact is not None else text).encode()).hexdigest(), 16) % 5 == 0
 
 
 def arith_problems(levels: list[int], n: int, seed: int, split: str) -> list[tuple[str, str, str, int]]:

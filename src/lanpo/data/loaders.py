@@ -72,56 +72,6 @@ ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "uid")
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# What counts as the same problem (retrieval never shows one as "another" problem)
-
-_OPERATION_WORDS = {
-    "+": "+",
-    "plus": "+",
-    "sum": "+",
-    "add": "+",
-    "more": "+",
-    "total": "+",
-    "-": "-",
-    "minus": "-",
-    "subtract": "-",
-    "difference": "-",
-    "left": "-",
-    "away": "-",
-    "*": "*",
-    "\u00d7": "*",
-    "times": "*",
-    "product": "*",
-    "\\times": "*",
-    "\\cdot": "*",
-    "/": "/",
-    "divided": "/",
-    "\u00f7": "/",
-    "\\div": "/",
-}
-_FACT_TOKEN = re.compile(r"\d+(?:\.\d+)?|[+\-*/\u00d7\u00f7]|\\[a-z]+|[a-z]+")
-MAX_FACT_CHARS = 160  # a fact is read only from a short problem; a long one is a different problem if its text is
-
-
-def problem_key(problem: str) -> tuple[str, tuple | None]:
-    """``(text, fact)`` of a problem: its text with case and spacing normalized, and for a short arithmetic
-    problem its fact, the operands (order-free) with the operations: "What is 3 + 4?", "Compute 4 + 3." and
-    "Find the sum of 3 and 4." share one fact. ``fact`` is None where there is none to read (fewer than two
-    numbers, no operation, or a long problem)."""
-    text = " ".join(problem.lower().split())
-    if len(text) > MAX_FACT_CHARS:
-        return text, None
-    tokens = _FACT_TOKEN.findall(text)
-    numbers = sorted(t for t in tokens if t[0].isdigit())
-    operations = sorted({_OPERATION_WORDS[t] for t in tokens if t in _OPERATION_WORDS})
-    return text, (tuple(numbers), tuple(operations)) if len(numbers) >= 2 and operations else None
-
-
-def same_problem(a: str, b: str) -> bool:
-    """Whether two problem texts are one problem: the same text, or the same arithmetic fact."""
-    (text_a, fact_a), (text_b, fact_b) = problem_key(a), problem_key(b)
-    return text_a == text_b or (fact_a is not None and fact_a == fact_b)
-
-
 # Row conversion
 
 

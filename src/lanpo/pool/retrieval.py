@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lanpo.data.loaders import same_problem
+from lanpo.data.arith import same_problem
 from lanpo.pool.bm25 import BM25Index, entry_text
 from lanpo.pool.store import ExperiencePool, PoolEntry
 

@@ -94,8 +94,10 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
 
 def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
     """``lanpo/feedback_lift``: accuracy of feedback rows minus that of the scratch rows of the same groups
-    (groups holding both kinds). Under feedback_trigger unsolved, ``lanpo/triggered_share`` (groups that failed
-    from scratch) and ``lanpo/rescue_rate`` (triggered groups where a feedback row is right)."""
+    (groups holding both kinds; absent where no group holds both). Under feedback_trigger unsolved, at every step
+    ``lanpo/triggered_share`` (groups that failed from scratch) and ``lanpo/rescued_share`` (groups where a
+    feedback row is right though every scratch row was wrong), and ``lanpo/rescue_rate`` (rescued over triggered
+    groups) where any group was triggered."""
     by_group: dict[str, list[RowRecord]] = {}
     for x in records:
         by_group.setdefault(x.group, []).append(x)
@@ -111,9 +113,10 @@ def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
         metrics["lanpo/feedback_lift"] = sum(feedback) / len(feedback) - sum(scratch) / len(scratch)
     if any(x.triggered is not None for x in records):
         triggered = [rows for rows in by_group.values() if rows[0].triggered]
+        rescued = sum(any(x.has_feedback and x.correct for x in rows) for rows in triggered)
         metrics["lanpo/triggered_share"] = len(triggered) / len(by_group)
+        metrics["lanpo/rescued_share"] = rescued / len(by_group)  # of all groups: 0 when none was triggered
         if triggered:
-            rescued = sum(any(x.has_feedback and x.correct for x in rows) for rows in triggered)
             metrics["lanpo/rescue_rate"] = rescued / len(triggered)
     return metrics
 
