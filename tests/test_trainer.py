@@ -501,9 +501,10 @@ def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_ex
     stub_summaries(trainer)
     applied, reweight = [], trainer._reweight
 
-    def checked(capture, inputs):
+    def checked(capture):
+        inputs = capture.inputs
         before = inputs["advantages"].clone()
-        reweight(capture, inputs)
+        reweight(capture)
         applied.append(
             (
                 before,

@@ -152,7 +152,7 @@ class LossHooks:
             loss = super()._compute_loss(model, inputs)
         finally:
             self._capture, self.beta = None, beta
-        return loss + self._feedback_terms(capture, inputs)
+        return loss + self._feedback_terms(capture)
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
@@ -162,13 +162,14 @@ class LossHooks:
             old = capture.inputs.get("old_per_token_logps")
             capture.old = result[0].detach() if old is None else old  # TRL's own rule for π_old(y|x)
             if capture.context is not None:
-                self._reweight(capture, capture.inputs)
+                self._reweight(capture)
         return result
 
-    def _reweight(self, capture: _LossCapture, inputs: dict) -> None:
+    def _reweight(self, capture: _LossCapture) -> None:
         """Feedback rows' advantages as ``context_in_loss`` wants them, computed from π_old(y|x) (TRL's old
         log-probabilities, or the loss forward's own when TRL skips them) and the sampler's π(y|x,c)."""
-        args, mask, context = self.args, inputs["completion_mask"], capture.context
+        args, inputs, context = self.args, capture.inputs, capture.context
+        mask = inputs["completion_mask"]
         capture.kl_weights = objective.strip_weights(capture.old, context, mask, args.strip_ratio_clip)
         if args.context_in_loss == "shaped":  # its own term below; TRL's surrogate sees no advantage on these rows
             advantages = capture.shaped_advantages = inputs["advantages"]
@@ -197,11 +198,11 @@ class LossHooks:
             self._metrics["train"]["lanpo/strip_weight_mean"].append(float(total[0] / total[1]))
             self._metrics["train"]["lanpo/strip_weight_clipped"].append(float(total[2] / total[1]))
 
-    def _feedback_terms(self, capture: _LossCapture, inputs: dict) -> torch.Tensor:
+    def _feedback_terms(self, capture: _LossCapture) -> torch.Tensor:
         """What LANPO adds to TRL's loss (run with β = 0) on a micro-batch with feedback rows: the shaped policy
         term of feedback rows and every row's KL (TRL's k3 on rows sampled under their own prompt, the weighted
         ½r² on rows sampled under a context), normalized as TRL normalizes its own."""
-        args, logps, old = self.args, capture.logps, capture.old
+        args, inputs, logps, old = self.args, capture.inputs, capture.logps, capture.old
         mask = (
             inputs["completion_mask"] if "tool_mask" not in inputs else inputs["completion_mask"] * inputs["tool_mask"]
         )
