@@ -90,6 +90,11 @@ def warm_pool(model_path: str, dataset, forced: int | None, workdir: str) -> str
     return path
 
 
+def _mean(values: list[float]) -> float | None:
+    """The mean of the values a run logged (None where it logged none: not a silent zero)."""
+    return round(statistics.mean(values), 3) if values else None
+
+
 def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: int | None, warm: str | None) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
@@ -145,7 +150,7 @@ def run_arm(arm: str, steps: int, model_path: str, dataset, out: str, forced: in
         "wall_s": round(time.perf_counter() - start, 1),
         "peak_gpu_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
         "mean_completion_tokens": round(statistics.mean(h["completions/mean_length"] for h in logs), 1),
-        **{key: round(statistics.mean(h.get(key, 0.0) for h in logs[1:]), 3) for key in SHARES},
+        **{key: _mean([h[key] for h in logs[1:] if key in h]) for key in SHARES},  # None: never logged
     }
 
 
@@ -220,7 +225,7 @@ def main() -> None:
             "split_median_s": split,
             "runs": len(parts),
             "mean_completion_tokens": round(statistics.mean(p["mean_completion_tokens"] for p in parts), 1),
-            **{key: round(statistics.mean(p[key] for p in parts), 3) for key in SHARES},
+            **{key: _mean([p[key] for p in parts if p[key] is not None]) for key in SHARES},
         }
     tokens = f"{args.min_new_tokens} forced new tokens" if args.min_new_tokens else "96 new tokens"
     report = {
