@@ -12,7 +12,7 @@ VVENV  := .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.lanpo-installed
 
-.PHONY: setup setup-vllm demo test test-vllm lint clean browser
+.PHONY: setup setup-vllm demo test test-vllm lint docs clean browser
 
 setup: $(STAMP)
 
@@ -55,6 +55,10 @@ test-vllm: $(VSTAMP)
 	@tests=$$($(VPY) -m pytest -q --collect-only -p no:cacheprovider -m vllm tests/test_vllm.py | grep '::'); \
 	[ -n "$$tests" ] || { echo "no vLLM test was collected"; exit 1; }; \
 	for t in $$tests; do $(VPY) -m pytest -q -p no:cacheprovider "$$t" || exit 1; done
+
+# The references generated from the code (docs/reference/); tests/test_docs.py fails when they are stale.
+docs: $(STAMP)
+	$(PY) docs/generate.py
 
 lint: $(STAMP)
 	$(PY) -m ruff format --check src tests benchmarks

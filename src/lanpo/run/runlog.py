@@ -31,6 +31,60 @@ class MetricsFileCallback(TrainerCallback):
                 handle.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
 
 
+# Every metric lanpo logs beside TRL's own (`loss`, `reward`, `kl`, `entropy`, `completions/*`, `clip_ratio/*`,
+# ...), with its meaning: docs/reference/metrics.md is generated from it, and a test checks that a run logs no
+# lanpo metric missing here. ``<x>`` stands for a part that varies.
+METRICS: dict[str, str] = {
+    "lanpo/feedback_ratio": "p_t planned for this step (the schedule's value)",
+    "lanpo/feedback_share": "realized p_t: share of rows generated with a feedback context",
+    "lanpo/fallback_share": "share of rows planned as feedback that got the plain prompt",
+    "lanpo/fallback/<reason>": "the same, by reason (no_attempt, no_relevant_entry, ...)",
+    "lanpo/feedback_tokens_per_prompt": "tokens a feedback context added to a prompt, on average",
+    "reward/<kind>/mean": "mean reward of rows of a kind: scratch, feedback, reflection, abstraction",
+    "accuracy/<kind>/mean": "share of rows of a kind whose answer the verifier credits",
+    "completions/truncated/<kind>": "share of scratch / feedback rows that reached their length limit",
+    "lanpo/feedback_lift": "accuracy of feedback rows minus that of the scratch rows of the same groups",
+    "lanpo/triggered_share": "feedback_trigger unsolved: share of groups whose scratch rows all failed",
+    "lanpo/rescued_share": "feedback_trigger unsolved: share of groups where a feedback row is right though "
+    "every scratch row was wrong",
+    "lanpo/rescue_rate": "feedback_trigger unsolved: rescued groups over triggered groups (steps with any)",
+    "lanpo/pool_size": "entries in the experience pool",
+    "lanpo/pool_problems": "problems with at least one entry in the pool",
+    "lanpo/lessons_dropped": "lessons left out of abstraction contexts (stating an answer, talking about grades)",
+    "retrieval/hit_rate": "share of retrievals that found an entry over gamma",
+    "retrieval/relevance_pass_rate": "share of scored candidates whose relevance reached gamma",
+    "retrieval/candidates_per_query": "BM25 candidates scored per retrieval",
+    "summaries/requested": "trials sent to be summarized",
+    "summaries/parse_failures": "summaries that did not parse into principles and pitfalls",
+    "summaries/parse_rate": "summaries that parsed, over those that ended",
+    "summaries/added": "pool entries written this step",
+    "summaries/carried": "summaries cut by the rollouts' length limit, going on in the next batch",
+    "lanpo/strip_weight_mean": "strip / strip-sequence: mean importance weight on feedback tokens",
+    "lanpo/strip_weight_clipped": "strip / strip-sequence: share of feedback tokens whose weight hit the clip",
+    "kl/scratch": "KL estimate over scratch rows' tokens (TRL's k3: the policy's drift from the reference)",
+    "kl/feedback": "KL estimate over feedback rows' tokens (importance-weighted k2 where sampled under a context)",
+    "step_time": "seconds of the optimizer step, rollouts included",
+    "time/<part>": "seconds of the step spent in generate, summarize, retrieve, reward, score, update",
+    "verifier/no_answer_rate": "share of completions with no final answer",
+    "verifier/hedged_rate": "share of completions that state several values (scored 0)",
+    "verifier/timeouts": "answers whose verification ran past the time limit (scored 0)",
+    "eval/<benchmark>/<mode>/mean@<k>": "held-out accuracy during training (eval_every); also _stderr, pass@<k>",
+    "eval/<benchmark>/<mode>/context_rate": "retrieval mode: share of held-out prompts that got a context",
+    "eval/seconds": "seconds one evaluation during training took",
+}
+
+
+def metric_pattern(name: str) -> str:
+    """The METRICS key a logged name belongs to (``reward/scratch/mean`` → ``reward/<kind>/mean``)."""
+    import re
+
+    for key in METRICS:
+        regex = "^" + re.sub(r"<[a-z]+>", "[^/]+", re.escape(key).replace(r"\<", "<").replace(r"\>", ">")) + "$"
+        if re.match(regex, name):
+            return key
+    return ""
+
+
 class RowRecord(NamedTuple):
     """What step metrics need of one row (small, so every process can gather every row's)."""
 
