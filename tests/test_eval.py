@@ -161,7 +161,7 @@ def test_all_three_modes_end_to_end_on_a_tiny_model(tiny_model_dir, problems_fil
     assert results["modes"]["retrieval"]["metrics"]["context_rate"] > 0
     same = next(r for r in retrieval if r["problem"] == rows[0]["q"])
     assert "SECRET LESSON" not in same["prompt"]  # never the problem's own entries, even under another id
-    assert results["modes"]["retrieval"]["same_text_entries_excluded"] >= 1
+    assert results["modes"]["retrieval"]["same_problem_entries_excluded"] >= 1
     assert any("add the ones digits first" in r["prompt"] for r in retrieval)
     correct = [json.loads(x) for x in (out / "completions-self-correct.jsonl").read_text().splitlines()]
     assert all(len(chain) == 3 for r in correct for chain in r["rounds"])  # attempt + 2 reflection rounds

@@ -90,8 +90,18 @@ def _fact(text: str) -> tuple:
     """A problem's fact read independently of lanpo: its numbers (order-free) and its operations."""
     import re
 
-    words = {"+": "+", "sum": "+", "more": "+", "-": "-", "subtract": "-", "away": "-", "left": "-", "×": "*",
-             "*": "*", "times": "*"}
+    words = {
+        "+": "+",
+        "sum": "+",
+        "more": "+",
+        "-": "-",
+        "subtract": "-",
+        "away": "-",
+        "left": "-",
+        "×": "*",
+        "*": "*",
+        "times": "*",
+    }
     tokens = re.findall(r"\d+|[+\-*×]|[a-z]+", text.lower())
     return tuple(sorted(t for t in tokens if t.isdigit())), tuple(sorted({words[t] for t in tokens if t in words}))
 
@@ -99,7 +109,7 @@ def _fact(text: str) -> tuple:
 @pytest.mark.parametrize("level", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_no_held_out_arithmetic_fact_is_a_training_fact(level, seed):
-    """"Compute 4 + 3." held out while "What is 3 + 4?" is trained is recall, not generalization: the split is by
+    """ "Compute 4 + 3." held out while "What is 3 + 4?" is trained is recall, not generalization: the split is by
     fact (operands order-free and operations), at every level."""
     from lanpo.data.loaders import builtin_arith
 

@@ -84,7 +84,9 @@ def history(trainer, key):
 
 @pytest.mark.parametrize("mode", ["keep", "strip"])
 def test_lanpo_trains_in_both_context_modes(tiny_model_dir, tmp_path, mode):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=3)
+    # 4 steps, one epoch of the 8 problems: entries of step k's trials arrive after step k+1's retrieval, and the
+    # last step's problems share words with the pool's (BM25 needs some)
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=4)
     stub_summaries(trainer)
     before = [p.detach().clone() for p in trainer.model.parameters()]
     trainer.train()

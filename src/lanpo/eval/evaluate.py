@@ -199,22 +199,18 @@ def retrieval_setup(
     return {"retriever": retriever, "describe": describe}
 
 
-def _same_text(a: str, b: str) -> bool:
-    return " ".join(a.split()).lower() == " ".join(b.split()).lower()
-
-
 def run_retrieval(
     model, tokenizer, problems, settings, verifier, retriever: Retriever = None, describe=None, **_
 ) -> ModeResult:
     if retriever is None:
         raise ValueError("The retrieval mode needs a pool (lanpo eval --pool RUN_OR_FILE).")
+    before = retriever.stats.same_problem
     found = retriever.retrieve_many([(p.id, p.problem) for p in problems])
+    self_excluded = retriever.stats.same_problem - before  # the problem itself under another id, restated or not
     prompts, extra = [], []
-    with_context = self_excluded = 0
+    with_context = 0
     for problem, hits in zip(problems, found):
-        entries = [h.entry for h in hits if not _same_text(h.entry.problem, problem.problem)]
-        self_excluded += len(hits) - len(entries)
-        result = build_abstraction_prompt(problem.problem, entries, problem_id=problem.id)
+        result = build_abstraction_prompt(problem.problem, [h.entry for h in hits], problem_id=problem.id)
         prompts.append(result.messages or solve_messages(problem.problem))
         with_context += result.messages is not None
         extra.append(
@@ -238,7 +234,7 @@ def run_retrieval(
     scores = _score(verifier, problems, samples)
     metrics = summarize_scores(scores, samples)
     metrics["context_rate"] = with_context / len(problems)
-    info = {"retrieval": describe or {}, "same_text_entries_excluded": self_excluded}
+    info = {"retrieval": describe or {}, "same_problem_entries_excluded": self_excluded}
     return ModeResult(
         "retrieval", metrics, _records(problems, prompts, samples, scores, settings.extraction, extra), info
     )

@@ -463,8 +463,10 @@ def run(argv: list[str]) -> Path:
     )
     run_dir = Path(config.output_dir)
     prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
-    check_writable(run_dir, "--output_dir")  # before the model loads
     created = not run_dir.exists()
+    # before the model loads; the folder stays (every process of a launch probes it at once), and goes again
+    # below if the run cannot start
+    check_writable(run_dir, "--output_dir", keep=True)
     logger.info(
         "Training on %d problems: %s%s",
         len(problems),
@@ -472,12 +474,12 @@ def run(argv: list[str]) -> Path:
         f"; resuming from {checkpoint}" if checkpoint else "",
     )
     size_cpu_threads()
-    model_path = resolve_model_path(model_args.model_name_or_path)
     if model_args.dtype and model_args.dtype != "auto":
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
     elif config.bf16:
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": "bfloat16"}
     try:
+        model_path = resolve_model_path(model_args.model_name_or_path)
         trainer = LanpoTrainer(
             model=model_path,
             args=config,

@@ -215,6 +215,7 @@ class RetrievalStats:
     candidates: int = 0
     passed: int = 0
     hits: int = 0  # queries with at least one entry passing γ
+    same_problem: int = 0  # candidates left out as the query's own problem restated under another id
 
     def as_metrics(self) -> dict[str, float]:
         return {
@@ -268,7 +269,9 @@ class Retriever:
         for problem_id, problem in queries:
             hits = self.index.search(problem, self.num_candidates, exclude_problem=problem_id)
             # another id may hold the same problem (a restated or reordered copy): never shown as "another" one
-            entries = [e for e in self.pool.entries(ids=[h[0] for h in hits]) if not same_problem(e.problem, problem)]
+            candidates = self.pool.entries(ids=[h[0] for h in hits])
+            entries = [e for e in candidates if not same_problem(e.problem, problem)]
+            self.stats.same_problem += len(candidates) - len(entries)
             by_id = dict(hits)
             found.append((problem, entries, [by_id[e.id] for e in entries]))
         scored = self.scorer.score_many(found)  # also without candidates: a judge's forwards may be collective

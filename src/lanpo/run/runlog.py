@@ -455,9 +455,10 @@ def plot_compare(
     return out
 
 
-def check_writable(folder: str | Path, what: str) -> None:
-    """Fail before any work when ``folder`` (created if missing) cannot take files: a write probe, then every
-    folder the probe created is removed again, so a check leaves nothing behind either way."""
+def check_writable(folder: str | Path, what: str, keep: bool = False) -> None:
+    """Fail before any work when ``folder`` (created if missing) cannot take files: a write probe. A failed check
+    removes every folder it created; a passed one too, unless ``keep`` (the caller writes there next, and other
+    processes may be probing the same folder at once)."""
     folder = Path(folder)
     missing = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
@@ -465,13 +466,18 @@ def check_writable(folder: str | Path, what: str) -> None:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".lanpo-write-check-"):
             pass
     except OSError as error:
+        _remove(missing)
         raise OSError(
-            f"{what} {folder} cannot be written ({error.strerror or error}): nothing was run; name a "
-            "folder you can write to."
+            f"{what} {folder} cannot be written ({error.strerror or error}): nothing was run; name a folder you can "
+            "write to."
         ) from None
-    finally:
-        for created in missing:  # deepest first
-            try:
-                created.rmdir()
-            except OSError:
-                pass
+    if not keep:
+        _remove(missing)
+
+
+def _remove(folders: list[Path]) -> None:
+    for created in folders:  # deepest first
+        try:
+            created.rmdir()
+        except OSError:
+            pass
