@@ -460,12 +460,10 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
 
         if not Path(path).is_file():
             raise FileNotFoundError(f"--config {path}: no such file.")
-        raw = Path(path).read_bytes()
+        from lanpo.data.loaders import read_text
+
         try:
-            loaded = yaml.safe_load(raw.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            line = raw[: error.start].count(b"\n") + 1
-            raise ValueError(f"--config {path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
+            loaded = yaml.safe_load(read_text(path, f"--config {path}"))
         except yaml.YAMLError as error:
             raise ValueError(f"--config {path} is not valid YAML: {error}") from None
         if not isinstance(loaded, dict):

@@ -267,6 +267,16 @@ def rows_to_problems(
     return problems
 
 
+def read_text(path: str | Path, name: str) -> str:
+    """A file's text; bytes that are not UTF-8 raise :class:`DataError` naming the file (as ``name``) and line."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise DataError(f"{name} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
+
+
 def read_rows(path: Path) -> list[dict]:
     """Read a local jsonl / json / parquet file into a list of rows; malformed jsonl lines become ``None``."""
     suffix = path.suffix.lower()
@@ -289,12 +299,8 @@ def read_rows(path: Path) -> list[dict]:
                     rows.append(None)
         return rows
     if suffix == ".json":
-        raw = path.read_bytes()
         try:
-            data = json.loads(raw.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            line = raw[: error.start].count(b"\n") + 1
-            raise DataError(f"{path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
+            data = json.loads(read_text(path, str(path)))
         except json.JSONDecodeError as error:
             raise DataError(f"{path} is not valid JSON: {error}") from error
         if isinstance(data, dict):
