@@ -19,6 +19,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
+from helpers.launch import accelerate_launch
 from lanpo.cli import main
 
 SCRIPT = Path(__file__).parent / "helpers" / "train_script.py"
@@ -140,38 +141,8 @@ def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_p
         with_answer_column(datasets.Dataset.from_list([{"prompt": [], "label": "5"}]))
 
 
-def free_port() -> int:
-    """A port nobody listens on: each multi-process launch rendezvous on its own (a killed run's leftovers may
-    still hold the default one)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _script(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
-    launch = (
-        [sys.executable, str(SCRIPT)]
-        if processes == 1
-        else [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--main_process_port",
-            str(free_port()),
-            "--num_processes",
-            str(processes),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            str(SCRIPT),
-        ]
-    )
+    launch = [sys.executable, str(SCRIPT)] if processes == 1 else [*accelerate_launch(processes), str(SCRIPT)]
     return subprocess.run(
         launch + args, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}
     )
@@ -312,20 +283,7 @@ def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_
 
     run = tmp_path / "run"
     launch = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--main_process_port",
-        str(free_port()),
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        *FSDP,
+        *accelerate_launch(2, *FSDP),
         str(SCRIPT),
         *tiny_args(tiny_model_dir, run, per_device_train_batch_size=4, learning_rate=1e-2),
     ]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from helpers.audit import leakage_problems
+from helpers.launch import accelerate_launch
 from lanpo.config import LanpoConfig
 from lanpo.data.loaders import builtin_arith, to_prompt_dataset
 from lanpo.engine.models import load_tokenizer
@@ -319,25 +319,8 @@ def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
 
 def _launch_two_processes(model_dir, out, *extra) -> Path:
     script = Path(__file__).parent / "helpers" / "multiprocess_run.py"
-    # `--cpu` would make accelerate start a single process; `--multi_gpu` starts two through torchrun, which use
-    # gloo on a machine without GPUs (and the config's use_cpu=True keeps them on the CPU elsewhere).
-    from test_runs import free_port
-
     cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--main_process_port",
-        str(free_port()),
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
+        *accelerate_launch(2),
         str(script),
         str(model_dir),
         str(out),

@@ -127,9 +127,9 @@ def _records(problems, prompts, samples, scores, extraction, extra=None) -> list
     return records
 
 
-def run_zero_shot(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
-    prompts = [solve_messages(p.problem) for p in problems]
-    samples = generate(
+def _sample(model, tokenizer, prompts, settings, progress: str) -> list[list[Sample]]:
+    """``settings.k`` samples of every prompt with the settings' decoding."""
+    return generate(
         model,
         tokenizer,
         prompts,
@@ -138,8 +138,13 @@ def run_zero_shot(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
         top_p=settings.top_p,
         max_new_tokens=settings.max_new_tokens,
         batch_size=settings.batch_size,
-        progress="zero-shot",
+        progress=progress,
     )
+
+
+def run_zero_shot(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    prompts = [solve_messages(p.problem) for p in problems]
+    samples = _sample(model, tokenizer, prompts, settings, "zero-shot")
     scores = _score(verifier, problems, samples)
     return ModeResult(
         "zero-shot",
@@ -220,17 +225,7 @@ def run_retrieval(
                 "relevance": [round(h.relevance, 4) for h in hits],
             }
         )
-    samples = generate(
-        model,
-        tokenizer,
-        prompts,
-        n=settings.k,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        max_new_tokens=settings.max_new_tokens,
-        batch_size=settings.batch_size,
-        progress="retrieval",
-    )
+    samples = _sample(model, tokenizer, prompts, settings, "retrieval")
     scores = _score(verifier, problems, samples)
     metrics = summarize_scores(scores, samples)
     metrics["context_rate"] = with_context / len(problems)

@@ -1,0 +1,25 @@
+"""`accelerate launch` of CPU processes for the multi-process tests."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+
+def free_port() -> int:
+    """A port nobody listens on: each multi-process launch rendezvous on its own (a killed run's leftovers may
+    still hold the default one)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def accelerate_launch(processes: int, *mode: str) -> list[str]:
+    """The command that starts ``processes`` processes under ``accelerate launch``, before the script and its
+    arguments. ``mode``: the launch mode's flags; by default ``--multi_gpu``, which starts them through torchrun
+    (gloo on a machine without GPUs; ``--cpu`` would start a single process)."""
+    return [
+        sys.executable, "-m", "accelerate.commands.launch", *(mode or ("--multi_gpu",)),
+        "--main_process_port", str(free_port()), "--num_processes", str(processes), "--num_machines", "1",
+        "--mixed_precision", "no", "--dynamo_backend", "no",
+    ]  # fmt: skip
