@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.audit import leakage_problems
 from helpers.launch import accelerate_launch
@@ -816,3 +818,25 @@ def test_retrieval_never_shows_the_same_problem_restated_under_another_id():
     hits = Retriever(pool, "bm25", gamma=0.0, top_k=5).retrieve("me", "What is 3 + 4?")
     assert [h.entry.problem_id for h in hits] == ["other"]
     assert all(same_problem("What is 3 + 4?", t) for t in twins) and not same_problem("What is 3 + 4?", "3 - 4?")
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=6),  # (has_feedback, correct) per row
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_all_fail_share_counts_groups_with_no_right_row(groups):
+    from lanpo.run.runlog import RowRecord, feedback_metrics
+
+    records = [
+        RowRecord("abstraction" if fb else "scratch", fb, float(ok), ok, 0, None, group=f"g{i}")
+        for i, rows in enumerate(groups)
+        for fb, ok in rows
+    ]
+    metrics = feedback_metrics(records, 0.5)
+    expected = sum(not any(ok for _, ok in rows) for rows in groups) / len(groups)
+    assert metrics["lanpo/all_fail_share"] == pytest.approx(expected)
+    mixed = [rows for rows in groups if any(fb for fb, _ in rows) and not all(fb for fb, _ in rows)]
+    assert ("lanpo/feedback_lift" in metrics) == bool(mixed)

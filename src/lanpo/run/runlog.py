@@ -44,6 +44,7 @@ METRICS: dict[str, str] = {
     "accuracy/<kind>/mean": "share of rows of a kind whose answer the verifier credits",
     "completions/truncated/<kind>": "share of scratch / feedback rows that reached their length limit",
     "lanpo/feedback_lift": "accuracy of feedback rows minus that of the scratch rows of the same groups",
+    "lanpo/all_fail_share": "share of groups in which every row failed (no reward signal but failure; every arm)",
     "lanpo/triggered_share": "feedback_trigger unsolved: share of groups whose scratch rows all failed",
     "lanpo/rescued_share": "feedback_trigger unsolved: share of groups where a feedback row is right though "
     "every scratch row was wrong",
@@ -147,7 +148,8 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
 
 
 def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
-    """``lanpo/feedback_lift``: accuracy of feedback rows minus that of the scratch rows of the same groups
+    """``lanpo/all_fail_share``: groups in which every row failed (GRPO learns nothing from them but a KL pull).
+    ``lanpo/feedback_lift``: accuracy of feedback rows minus that of the scratch rows of the same groups
     (groups holding both kinds; absent where no group holds both). Under feedback_trigger unsolved, at every step
     ``lanpo/triggered_share`` (groups that failed from scratch) and ``lanpo/rescued_share`` (groups where a
     feedback row is right though every scratch row was wrong), and ``lanpo/rescue_rate`` (rescued over triggered
@@ -160,7 +162,9 @@ def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
         for rows in by_group.values()
         if any(x.has_feedback for x in rows) and not all(x.has_feedback for x in rows)
     ]
-    metrics: dict[str, float] = {}
+    metrics: dict[str, float] = {
+        "lanpo/all_fail_share": sum(not any(x.correct for x in rows) for rows in by_group.values()) / len(by_group)
+    }
     if mixed:
         feedback = [x.correct for rows in mixed for x in rows if x.has_feedback]
         scratch = [x.correct for rows in mixed for x in rows if not x.has_feedback]
