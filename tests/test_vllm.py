@@ -32,7 +32,7 @@ def vllm_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-vllm"), hidden=128, heads=2)
 
 
-def vllm_trainer(model_dir: Path, out: Path, **overrides):
+def vllm_trainer(model_dir: Path, out: Path, reward=None, **overrides):
     from lanpo.trainer import LanpoTrainer
 
     settings = dict(
@@ -61,7 +61,7 @@ def vllm_trainer(model_dir: Path, out: Path, **overrides):
     settings.update(overrides)
     return LanpoTrainer(
         model=str(model_dir),
-        reward_funcs=[length_reward],
+        reward_funcs=[reward or length_reward],
         args=LanpoConfig(**settings),
         train_dataset=to_prompt_dataset(builtin_arith("1", n=8)),
         processing_class=load_tokenizer(str(model_dir)),
@@ -194,3 +194,52 @@ def test_eval_on_vllm_and_hf_prints_the_same_table_and_greedy_answers_agree(vllm
     }
     same = sum(h == v for h, v in zip(answers["hf"], answers["vllm"]))
     assert same / len(answers["hf"]) >= 0.9
+
+
+def distinct_characters(completions, **kwargs) -> list[float]:
+    """A reward that differs between sampled rows, so a step moves the weights."""
+    from lanpo.verify.rewards import completion_text
+
+    return [float(len(set(completion_text(c)))) for c in completions]
+
+
+def test_evaluation_during_training_samples_from_the_synced_vllm_engine(vllm_model_dir, tmp_path, monkeypatch):
+    from lanpo.engine.generation import generate, is_vllm
+    from lanpo.eval import during_training
+    from lanpo.prompts import solve_messages
+
+    real, seen = during_training.evaluate, []
+
+    def checked(model, tokenizer, problems, settings, modes, **kwargs):
+        results = real(model, tokenizer, problems, settings, modes, **kwargs)
+        prompts = [solve_messages(p.problem) for p in problems]
+        greedy = [  # the engine evaluation sampled from, and the policy of this step through transformers
+            [row[0].text for row in generate(m, tokenizer, prompts, temperature=0, max_new_tokens=6)]
+            for m in (model, trainer.model)
+        ]
+        seen.append((trainer.state.global_step, is_vllm(model), trainer._last_loaded_step, *greedy))
+        return results
+
+    monkeypatch.setattr(during_training, "evaluate", checked)
+    trainer = vllm_trainer(
+        vllm_model_dir,
+        tmp_path / "eval",
+        reward=distinct_characters,
+        learning_rate=3e-2,
+        feedback_ratio=0.0,
+        eval_every=1,
+        eval_benchmarks="builtin:arith?split=test",
+        eval_limit=12,
+        eval_k=1,
+    )
+    trainer.train()
+    assert [(step, on_vllm, loaded) for step, on_vllm, loaded, _, _ in seen] == [
+        (0, True, 0),
+        (1, True, 1),
+        (2, True, 2),
+    ]
+    for _, _, _, engine, hf in seen:  # bf16 sampler, fp32 policy: greedy answers agree
+        assert sum(e == h for e, h in zip(engine, hf)) >= 0.9 * len(hf)
+    assert seen[0][4] != seen[-1][4]  # training changed the greedy answers: a stale engine would show
+    logged = history(trainer, "eval/arith/zero-shot/mean@1")
+    assert len(logged) == 3

@@ -9,6 +9,7 @@ exactly as one without. Every process evaluates the same problems (generation un
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -60,6 +61,20 @@ def load_eval_problems(specs: str | None, limit: int | None, data_dir: str | Non
     return problems
 
 
+def vllm_engine(trainer):
+    """The trainer's colocated vLLM engine, its weights synced to the current step, or None (no vLLM, server mode,
+    or sleep mode): evaluation then samples from it, ~5x transformers' generate on CPU (benchmarks/
+    generation_backends.py). The sync is TRL's (lanpo's on CPU), so the next rollout does not sync again."""
+    args = trainer.args
+    if not (args.use_vllm and args.vllm_mode == "colocate") or getattr(args, "vllm_enable_sleep_mode", False):
+        return None
+    generation = trainer.vllm_generation
+    if trainer.state.global_step != trainer._last_loaded_step:
+        generation.sync_weights()
+        trainer._last_loaded_step = trainer.state.global_step
+    return generation.llm
+
+
 class TrainingEval(TrainerCallback):
     """Added by ``LanpoTrainer`` when ``eval_every > 0``."""
 
@@ -91,13 +106,19 @@ class TrainingEval(TrainerCallback):
         retriever = trainer.retriever
         saved_stats = retriever.stats  # training's retrieval metrics stay training's
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with (
-            torch.random.fork_rng(devices=devices),
-            unwrap_model_for_generation(
-                trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation
-            ) as model,
-            trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False),
-        ):
+        engine = vllm_engine(trainer)
+        model = engine
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.random.fork_rng(devices=devices))
+            if model is None:
+                model = stack.enter_context(
+                    unwrap_model_for_generation(
+                        trainer.model_wrapped,
+                        trainer.accelerator,
+                        gather_deepspeed3_params=args.ds3_gather_for_generation,
+                    )
+                )
+                stack.enter_context(trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False))
             for name, problems in self.problems.items():
                 results = evaluate(
                     model,
@@ -120,7 +141,10 @@ class TrainingEval(TrainerCallback):
         retriever.stats = saved_stats
         metrics["eval/seconds"] = time.perf_counter() - start
         logger.info(
-            "Step %d evaluation: %s", step, ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if "stderr" not in k)
+            "Step %d evaluation (%s): %s",
+            step,
+            "vLLM" if engine is not None else "transformers",
+            ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if "stderr" not in k),
         )
         should_log = trainer.control.should_log  # logging resets it: the step's own log must still happen
         Trainer.log(trainer, metrics)  # transformers' log: straight to the callbacks, not merged with TRL's metrics
