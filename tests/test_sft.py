@@ -8,11 +8,13 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from helpers.audit import leakage_problems
 from lanpo.data.loaders import builtin_arith
 from lanpo.feedback import LABEL_TALK
-from lanpo.launch.sft_data import EndpointTeacher, build_sft_data
+from lanpo.launch.sft_data import EndpointTeacher, ShownBalance, build_sft_data
 from lanpo.prompts import SUMMARY_PREFILL, parse_summary
 
 PROBLEMS = builtin_arith("1", n=24, seed=3)
@@ -232,3 +234,54 @@ def test_sft_lowers_the_loss_and_its_model_trains_with_lanpo(tiny_model_dir, tmp
         )
         == 0
     )
+
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=80))
+def test_kept_reflections_show_right_attempts_at_the_candidates_rate(events):
+    """Any order of candidates (shown attempt right?) and verified reflections: the kept share of right shown
+    attempts is within one example of the candidates' share."""
+    balance = ShownBalance()
+    balance.candidates.update(right for right, _ in events)
+    for right, verified in events:
+        if verified and balance.admits(right):
+            balance.kept[right] += 1
+    kept = sum(balance.kept.values())
+    share = balance.candidates[True] / len(events)
+    assert abs(balance.kept[True] - share * kept) < 1 or kept == 0
+    assert kept >= 1 or not any(verified for _, verified in events)  # the first verified one is always kept
+
+
+def test_reflections_that_verify_mostly_when_shown_a_right_attempt_are_rebalanced(tmp_path):
+    class Copier(StubTeacher):
+        """Right on 1 try in 4; a reflection verifies when the shown attempt was right, else 1 time in 3."""
+
+        def __call__(self, prompts):
+            self.calls += 1
+            replies = []
+            for k, messages in enumerate(prompts):
+                text = messages[0]["content"]
+                truth = _value(text.split("\n\n")[0] if text.startswith("Problem:") else text)
+                if messages[-1]["role"] == "assistant":
+                    replies.append(SUMMARY)
+                elif "### Earlier attempt" in text:
+                    shown = text.split("### Earlier attempt\n", 1)[1].split("\n\nFirst, review")[0]
+                    right = shown == f"\\boxed{{{truth}}}"
+                    replies.append(f"\\boxed{{{truth if right or k % 3 == 0 else truth + 7}}}")
+                elif "### Lesson" in text:
+                    replies.append(f"\\boxed{{{truth}}}")
+                else:
+                    replies.append(f"\\boxed{{{truth if k % 4 == 0 else truth + 1}}}")
+            return replies
+
+    problems = builtin_arith("1", n=120, seed=5)
+    out = tmp_path / "balanced.jsonl"
+    report = build_sft_data(problems, Copier(), out, n=60, mix=(0, 1, 0), tries=1, batch_size=16, progress=False)
+    shown = report.as_dict()["reflect_shown_attempt"]
+    examples = [json.loads(x) for x in out.read_text().splitlines()]
+    flags = [e["shown_attempt_right"] for e in examples]
+    assert shown["kept"] == len(examples) > 10 and shown["kept_right_share"] == sum(flags) / len(flags)
+    assert 0.1 < shown["candidates_right_share"] < 0.4  # about the base rate of 1 in 4
+    assert abs(sum(flags) - shown["candidates_right_share"] * len(flags)) < 1  # unchecked: well over half right
+    assert report.dropped["reflect"]["kept to the candidates' share of right shown attempts"] > 0
+    resumed = build_sft_data(problems, Copier(), out, n=60, mix=(0, 1, 0), tries=1, batch_size=16, progress=False)
+    assert resumed.as_dict()["reflect_shown_attempt"] == shown  # counts come back from the files

@@ -5,7 +5,9 @@ Skills (every prompt is exactly the one training uses, from ``lanpo.prompts`` / 
 * ``summarize`` — distill a trial into FLOW OF THOUGHT / PRINCIPLES / PITFALLS (kept when it parses and keeps
   a lesson after answers are scrubbed; stored in the canonical format the parser reads best);
 * ``reflect`` — critique an earlier attempt shown without any grading, then solve anew (kept when the new
-  answer verifies and the reply shows no label talk: rewards, gold or reference answers);
+  answer verifies and the reply shows no label talk: rewards, gold or reference answers). Kept examples show a
+  right attempt as often as the candidates did (:class:`ShownBalance`): a right attempt makes a verified
+  reflection likelier, and a set skewed toward them would teach "the shown attempt is usually right";
 * ``feedback`` — use principles and pitfalls of *other* problems: analyze which apply, then solve (kept when
   the answer verifies).
 
@@ -108,16 +110,54 @@ class EndpointTeacher:
 # The builder
 
 
+BALANCE_REASON = "kept to the candidates' share of right shown attempts"
+
+
+@dataclass
+class ShownBalance:
+    """Reflection examples by whether the attempt they show was right: among the candidates (every problem a
+    reflection was asked for, its attempt chosen without regard to reward) and among the kept examples.
+
+    Only a reflection whose answer verifies is kept, and one shown a right attempt verifies far more often (the
+    model copies it), so unchecked the kept set shows right attempts well above the model's base rate: the reward
+    would reach the policy by survivorship. :meth:`admits` keeps each kind to its share among the candidates so
+    far: a kind is admitted while its kept count stays within the ceiling of that share of the kept total.
+    """
+
+    candidates: Counter = field(default_factory=Counter)  # True: the shown attempt was right
+    kept: Counter = field(default_factory=Counter)
+
+    def admits(self, right: bool) -> bool:
+        total, kept = sum(self.candidates.values()), sum(self.kept.values()) + 1
+        return self.kept[right] + 1 <= -(-self.candidates[right] * kept // total) if total else True
+
+    def as_dict(self) -> dict:
+        def share(counts: Counter) -> float | None:
+            return counts[True] / sum(counts.values()) if sum(counts.values()) else None
+
+        return {
+            "candidates": sum(self.candidates.values()),
+            "candidates_right_share": share(self.candidates),
+            "kept": sum(self.kept.values()),
+            "kept_right_share": share(self.kept),
+        }
+
+
 @dataclass
 class BuildReport:
     kept: Counter = field(default_factory=Counter)
     dropped: dict[str, Counter] = field(default_factory=lambda: {s: Counter() for s in SKILLS})
+    shown: ShownBalance = field(default_factory=ShownBalance)
 
     def drop(self, skill: str, reason: str) -> None:
         self.dropped[skill][reason] += 1
 
     def as_dict(self) -> dict:
-        return {"kept": dict(self.kept), "dropped": {s: dict(c) for s, c in self.dropped.items() if c}}
+        return {
+            "kept": dict(self.kept),
+            "dropped": {s: dict(c) for s, c in self.dropped.items() if c},
+            "reflect_shown_attempt": self.shown.as_dict(),
+        }
 
 
 def _example(skill: str, problem: Problem, prompt: Messages, reply: str, teacher: str) -> dict:
@@ -163,6 +203,8 @@ def build_sft_data(
             try:
                 ex = json.loads(line)
                 report.kept[ex["skill"]] += 1
+                if ex["skill"] == "reflect" and "shown_attempt_right" in ex:
+                    report.shown.kept[ex["shown_attempt_right"]] += 1
                 if ex["skill"] == "summarize":
                     _add_summary_entry(summaries, ex)
             except (json.JSONDecodeError, KeyError, TypeError):
@@ -172,6 +214,8 @@ def build_sft_data(
             try:
                 row = json.loads(line)
                 done.add((row["problem_id"], row["skill"]))
+                if "shown_right" in row:
+                    report.shown.candidates[row["shown_right"]] += 1
                 if row.get("status") == "dropped":
                     report.drop(row["skill"], row["reason"])
             except (json.JSONDecodeError, KeyError):
@@ -195,7 +239,9 @@ def build_sft_data(
     try:
         with out.open("a") as sink, progress_file.open("a") as log:
 
-            def record(problem: Problem, skill: str, example: dict | None, reason: str = "") -> None:
+            def record(
+                problem: Problem, skill: str, example: dict | None, reason: str = "", shown_right: bool | None = None
+            ) -> None:
                 if example is not None:
                     sink.write(json.dumps(example, ensure_ascii=False) + "\n")
                     report.kept[skill] += 1
@@ -203,17 +249,15 @@ def build_sft_data(
                         bar.update(1)
                 else:
                     report.drop(skill, reason)
-                log.write(
-                    json.dumps(
-                        {
-                            "problem_id": problem.id,
-                            "skill": skill,
-                            "status": "kept" if example else "dropped",
-                            "reason": reason,
-                        }
-                    )
-                    + "\n"
-                )
+                row = {
+                    "problem_id": problem.id,
+                    "skill": skill,
+                    "status": "kept" if example else "dropped",
+                    "reason": reason,
+                }
+                if shown_right is not None:
+                    row["shown_right"] = shown_right
+                log.write(json.dumps(row) + "\n")
                 sink.flush()
                 log.flush()
 
@@ -325,11 +369,33 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
     # 3. reflect: on an attempt chosen without regard to its reward (choosing wrong ones would teach "a shown
     # attempt is usually wrong": the reward leaking through the data), shown ungraded
     todo = capped("reflect", [p for p in batch if want("reflect", p) and attempts[p.id]])
-    prompts = []
+    prompts, shown_right = [], []
     for p in todo:
         choice = int(hashlib.sha1(p.id.encode()).hexdigest(), 16) % len(attempts[p.id])  # fixed per problem
         prompts.append(build_reflection_prompt(p.problem, [attempts[p.id][choice][0]]).messages)
-    _solve_skill("reflect", todo, prompts, teacher, verifier, tries, record, teacher_name, check_labels=True)
+        shown_right.append(attempts[p.id][choice][1])
+    report.shown.candidates.update(shown_right)
+
+    def balanced(i: int, example: dict) -> str:  # kept examples show right attempts at the candidates' rate
+        if not report.shown.admits(shown_right[i]):
+            return BALANCE_REASON
+        report.shown.kept[shown_right[i]] += 1
+        example["shown_attempt_right"] = shown_right[i]
+        return ""
+
+    _solve_skill(
+        "reflect",
+        todo,
+        prompts,
+        teacher,
+        verifier,
+        tries,
+        record,
+        teacher_name,
+        check_labels=True,
+        gate=balanced,
+        shown_right=shown_right,
+    )
 
     # 4. feedback: lessons of other problems (the summaries made so far), then solve
     todo = capped("feedback", [p for p in batch if want("feedback", p)])
@@ -345,7 +411,13 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
     _solve_skill("feedback", usable, prompts, teacher, verifier, tries, record, teacher_name, check_labels=False)
 
 
-def _solve_skill(skill, problems, prompts, teacher, verifier, tries, record, teacher_name, check_labels):
+def _solve_skill(
+    skill, problems, prompts, teacher, verifier, tries, record, teacher_name, check_labels, gate=None, shown_right=None
+):
+    """Solve each prompt (first verified reply of ``tries``); ``gate(i, example)`` may still refuse a verified
+    example (returns the reason) or annotate it. ``shown_right`` (reflect) goes into the progress file, so a
+    resumed build counts the candidates again."""
+
     def accept(i: int, reply: str) -> str:
         if check_labels and LABEL_TALK.search(reply):
             return "reply talks about rewards or reference answers"
@@ -355,4 +427,8 @@ def _solve_skill(skill, problems, prompts, teacher, verifier, tries, record, tea
 
     for i, (reply, reason) in enumerate(_first_accepted(prompts, teacher, tries, accept)):
         p = problems[i]
-        record(p, skill, _example(skill, p, prompts[i], reply, teacher_name) if reply is not None else None, reason)
+        example = _example(skill, p, prompts[i], reply, teacher_name) if reply is not None else None
+        if example is not None and gate is not None:
+            reason = gate(i, example)
+            example = None if reason else example
+        record(p, skill, example, reason, shown_right=shown_right[i] if shown_right is not None else None)
