@@ -70,7 +70,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     assert rows and rows[0].count("[2]") == 3, rows  # grpo, lanpo and lanpo − grpo, each over 2 seeds
     assert "| grpo | feedback_ratio=0.0 | 2/2 |" in table
     assert (
-        "| s/step | feedback share (realized p_t) | summary parse rate | train reward, scratch rows | "
+        "| s/step | feedback share (realized p_t) | summary parse rate | all-fail groups | train reward, scratch rows | "
         "train reward, feedback rows |"
     ) in table
     assert (out / "results.png").stat().st_size > 0
@@ -248,7 +248,12 @@ def test_shipped_grids_load_and_their_cells_parse(tmp_path):
 
     for path in sorted(Path("configs/experiments").glob("*.yaml")):
         grid = load_grid(path)
-        assert grid.reference in grid.arms and len(grid.seeds) >= 3, path
+        # a pilot picks arms on one seed of its own; a comparison has 3 seeds or more, the verdict 5 or more
+        fewest = 1 if path.stem.endswith("-pilot") else 5 if path.stem.startswith("verdict") else 3
+        assert grid.reference in grid.arms and len(grid.seeds) >= fewest, path
+        if path.stem.endswith("-pilot"):  # its pick must not be made on the seeds it is then judged on
+            judged = load_grid(path.with_name(path.stem.removesuffix("-pilot") + ".yaml"))
+            assert not set(grid.seeds) & set(judged.seeds), path
         for arm in grid.arms:
             spec = tmp_path / f"{path.stem}-{arm}.yaml"
             spec.write_text(yaml.safe_dump(grid.config(arm, grid.seeds[0])))
@@ -318,6 +323,7 @@ def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
             "reward/feedback/mean": 0.0,
             "completions/clipped_ratio": 0.25,
             "lanpo/feedback_share": 0.75,
+            "lanpo/all_fail_share": 0.5,
         },
         {
             "step": 2,
@@ -326,6 +332,7 @@ def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
             "completions/clipped_ratio": 0.75,
             "summaries/parse_rate": 0.5,
             "lanpo/feedback_share": 0.25,
+            "lanpo/all_fail_share": 0.0,
         },
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -333,6 +340,7 @@ def test_a_cells_training_diagnostics_are_means_over_its_steps(tmp_path):
     assert cell["training"] == {
         "feedback share (realized p_t)": 0.5,
         "summary parse rate": 0.5,
+        "all-fail groups": 0.25,
         "train reward, scratch rows": 0.75,
         "train reward, feedback rows": 0.0,
         "truncated": 0.5,

@@ -97,6 +97,7 @@ def interpolate(xs: list[float], ys: list[float], x: float) -> float | None:
 TRAINING = {
     "feedback share (realized p_t)": "lanpo/feedback_share",
     "summary parse rate": "summaries/parse_rate",
+    "all-fail groups": "lanpo/all_fail_share",
     "train reward, scratch rows": "reward/scratch/mean",
     "train reward, feedback rows": "reward/feedback/mean",
     "truncated": "completions/clipped_ratio",
