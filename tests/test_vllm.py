@@ -243,3 +243,29 @@ def test_evaluation_during_training_samples_from_the_synced_vllm_engine(vllm_mod
     assert seen[0][4] != seen[-1][4]  # training changed the greedy answers: a stale engine would show
     logged = history(trainer, "eval/arith/zero-shot/mean@1")
     assert len(logged) == 3
+
+
+def test_a_finished_colocate_run_exits_cleanly_with_no_shutdown_traceback(vllm_model_dir, tmp_path):
+    """`lanpo train` with a colocated engine: exit 0, and vLLM's exit hook finds its groups already gone."""
+    import subprocess
+    import sys
+
+    from test_runs import tiny_args
+
+    argv = tiny_args(
+        vllm_model_dir,
+        tmp_path / "run",
+        max_steps=1,
+        save_steps=1,
+        use_cpu="true",
+        use_vllm="true",
+        vllm_mode="colocate",
+        vllm_max_model_length=1024,
+        vllm_gpu_memory_utilization=0.3,
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "lanpo.cli", "train", *argv], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (tmp_path / "run" / "final").is_dir()
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]

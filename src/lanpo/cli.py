@@ -418,12 +418,22 @@ def cmd_sft(args) -> int:
 
 def end_distributed() -> None:
     """After a run that went well (never after an error: its barrier could wait forever), destroy the process
-    group: a gloo process that exits with it alive can abort in shutdown (SIGABRT) and fail a finished run."""
+    group: a gloo process that exits with it alive can abort in shutdown (SIGABRT) and fail a finished run.
+
+    A colocated vLLM engine holds groups of its own on that process group: they go first, through vLLM, or its
+    exit hook would destroy them after the group is gone and print a traceback at the end of a finished run."""
+    import sys
+
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-        dist.destroy_process_group()
+        vllm_state = sys.modules.get("vllm.distributed.parallel_state")
+        if vllm_state is not None:
+            vllm_state.destroy_model_parallel()
+            vllm_state.destroy_distributed_environment()
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def _sft_data_parser(sub) -> None:
