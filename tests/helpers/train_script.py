@@ -98,6 +98,9 @@ def main() -> int:
     if os.environ.get("LANPO_KILL_AT"):
         _kill_at(os.environ["LANPO_KILL_AT"])
     if os.environ.get("LANPO_INTERRUPT_AT"):
+        # A shell's background job starts with SIGINT ignored, and Python then keeps it ignored: a user's Ctrl-C
+        # reaches a foreground run, so the test restores Python's default handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         _kill_at(os.environ["LANPO_INTERRUPT_AT"], signal.SIGINT)
     if os.environ.get("LANPO_LENGTH_REWARD"):
         _length_reward()
