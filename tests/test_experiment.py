@@ -474,3 +474,99 @@ def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
 
 def _fmt_ci(values, sign=""):
     return _fmt(*mean_ci(values), signed=sign == "+")
+
+
+def _verdict_rows(text: str) -> dict[str, list[str]]:
+    return {r[0]: r[1:] for r in _section_rows(text, "each arm against", "arm")}
+
+
+def _paired(results, arm, step, ref="grpo"):
+    return [
+        results[arm][s]["evals"][WALL_METRIC][step] - results[ref][s]["evals"][WALL_METRIC][step] for s in (0, 1, 2)
+    ]
+
+
+def test_the_verdict_gives_each_arm_against_the_reference_at_the_last_step_and_equal_wall_clock(tmp_path):
+    from lanpo.experiments.grid import Grid
+    from lanpo.experiments.stats import verdict_table
+
+    arms = {"grpo": {"feedback_ratio": 0.0}, "ahead": {}, "behind": {"x": 1}, "noisy": {"x": 2}, "slow": {"x": 3}}
+    grid = Grid(name="g", arms=arms, seeds=[0, 1, 2], out=tmp_path, reference="grpo")
+    grpo = {0: 0.20, 1: 0.30, 2: 0.25}
+    shift = {"ahead": [0.10, 0.11, 0.12], "behind": [-0.10, -0.12, -0.11], "noisy": [0.2, -0.2, 0.05]}
+    fast = {0: 0.0, 4: 60.0, 8: 120.0}
+    results = {"grpo": {s: _cell({0: 0.1, 4: 0.15, 8: v}, fast) for s, v in grpo.items()}}
+    for arm, d in shift.items():
+        results[arm] = {s: _cell({0: 0.1, 4: 0.15, 8: grpo[s] + d[s]}, fast) for s in grpo}
+    # as good at step 8 as "ahead", but twice as slow: at equal wall-clock (120 s) it is at its step 4
+    results["slow"] = {
+        s: _cell({0: 0.1, 4: grpo[s] - 0.1, 8: grpo[s] + 0.1 + 0.01 * s}, {0: 0.0, 4: 120.0, 8: 240.0}) for s in grpo
+    }
+    text = verdict_table(grid, results)
+    assert "`grpo` at step 8: 0.250 ± " in text and "at 2.0 min of training" in text
+    rows = _verdict_rows(text)
+    assert rows["grpo"][:5] == ["feedback_ratio=0.0", "reference", "reference", "3", "—"]
+    assert rows["ahead"][4] == "ahead at both" and rows["behind"][4] == "behind at both"
+    assert rows["noisy"][4] == "inside the noise at both"
+    assert rows["slow"][4] == "ahead at equal steps, behind at equal wall-clock"
+    for arm in ("ahead", "behind", "noisy", "slow"):
+        mean, half, _ = mean_ci(_paired(results, arm, 8))
+        assert rows[arm][1] == f"{mean:+.3f} ± {half:.3f}" and rows[arm][3] == "3"
+        low, high = prediction_interval([c["evals"][WALL_METRIC][8] for c in results[arm].values()])
+        assert rows[arm][5] == f"{max(low, 0.0):.3f} – {min(high, 1.0):.3f}"
+    assert rows["slow"][2] == "-0.100 ± 0.000"  # its step 4 (grpo − 0.1) against grpo's step 8, every seed
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 1.0), min_size=2, max_size=6),
+    st.lists(st.floats(-0.5, 0.5).map(lambda x: round(x, 3)), min_size=6, max_size=6),
+    st.lists(st.floats(1.0, 500.0), min_size=6, max_size=6),
+)
+def test_verdict_readings_follow_the_paired_interval_and_equal_speeds_give_equal_columns(grpo, shift, seconds):
+    """Whatever the values: an arm as fast as the reference reads the same at equal steps and equal wall-clock
+    (the same paired numbers), and "ahead"/"behind" only when the 95% CI excludes 0 on that side."""
+    from lanpo.experiments.grid import Grid
+    from lanpo.experiments.stats import verdict_table
+
+    seeds = list(range(len(grpo)))
+    grid = Grid(name="g", arms={"grpo": {}, "variant": {}}, seeds=seeds, out=Path("unused"), reference="grpo")
+    clock = {s: {0: 0.0, 10: seconds[s]} for s in seeds}  # every seed its own speed, the same in both arms
+    results = {
+        "grpo": {s: _cell({0: 0.1, 10: grpo[s]}, clock[s]) for s in seeds},
+        "variant": {s: _cell({0: 0.1, 10: grpo[s] + shift[s]}, clock[s]) for s in seeds},
+    }
+    row = _verdict_rows(verdict_table(grid, results))["variant"]
+    mean, half, _ = mean_ci([shift[s] for s in seeds])
+    at_steps = row[4].removesuffix(" at both").split(" at equal steps")[0]
+    assert at_steps == ("ahead" if mean - half > 0 else "behind" if mean + half < 0 else "inside the noise")
+
+    def numbers(cell: str) -> list[float]:
+        return [float(x) for x in cell.split(" ± ")]
+
+    assert numbers(row[1]) == pytest.approx([mean, half], abs=1.5e-3) and row[3] == str(len(seeds))
+    # at equal wall-clock (the fastest reference seed's time) slower seeds are interpolated: both columns are
+    # the same numbers when every seed is as fast
+    if len(set(seconds[: len(seeds)])) == 1:
+        assert numbers(row[2]) == pytest.approx(numbers(row[1]), abs=1.5e-3) and row[4].endswith(" at both")
+
+
+def test_verdict_md_fills_its_markers_where_the_user_put_them(tmp_path):
+    grid_file = tiny_grid(tmp_path, tmp_path / "no-model")
+    out = tmp_path / "out"
+    for arm, seed, final in (("grpo", 0, 0.3), ("grpo", 1, 0.4), ("lanpo", 0, 0.35), ("lanpo", 1, 0.5)):
+        run = out / arm / f"seed-{seed}"
+        run.mkdir(parents=True)
+        rows = [{"step": 0, "eval/arith/zero-shot/mean@2": 0.2}, {"step": 2, "eval/arith/zero-shot/mean@2": final}]
+        rows[1]["step_time"] = 5.0
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "cell.json").write_text("{}")
+    doc = tmp_path / "results.md"
+    doc.write_text("# Results\n\n<!-- lanpo-verdict:tiny -->\nold\n<!-- /lanpo-verdict:tiny -->\n\nthe diary below\n")
+    assert main(["experiment", str(grid_file), "--table-only", "--verdict-md", str(doc)]) == 0
+    text = doc.read_text()
+    assert text.startswith("# Results\n\n<!-- lanpo-verdict:tiny -->\n### Grid `tiny`") and "old" not in text
+    assert text.endswith("<!-- /lanpo-verdict:tiny -->\n\nthe diary below\n")
+    rows = _verdict_rows(text)
+    assert rows["lanpo"][1] == f"{_fmt_ci([0.05, 0.1], '+').split(' (')[0]}" and rows["lanpo"][3] == "2"
+    assert (out / "verdict.md").read_text() in text

@@ -23,7 +23,8 @@ ran is refused; so a grid can be filled over several sittings, and re-running a 
 table. Every cell's config is validated before any cell runs. The table (``OUT/results.md``, optionally also a
 marked section of another file) compares the held-out ``eval/...mean@k`` that training logs every ``eval_every``
 steps, over seeds, at equal steps and at equal wall-clock (statistics: :mod:`lanpo.experiments.stats`);
-``OUT/results.png`` plots both.
+``OUT/results.png`` plots both. ``OUT/verdict.md`` (optionally also a marked section of another file) is the
+one-screen summary: each arm against the reference at the last eval step and at equal wall-clock.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import yaml
 
-from lanpo.experiments.stats import COMPLETE, collect, plot_results, results_table, write_section
+from lanpo.experiments.stats import COMPLETE, collect, plot_results, results_table, verdict_table, write_section
 
 GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out"}
 
@@ -248,9 +249,11 @@ def run_grid(
     table_only: bool = False,
     jobs: int = 1,
     unfinished: bool = False,
+    verdict_md: str | Path | None = None,
 ) -> int:
     """Fill the grid (or the ``arms`` × ``seeds`` part of it), then write the table (with ``unfinished``, cells
-    that did not finish too, marked). Returns an exit code.
+    that did not finish too, marked) and the one-screen verdict (OUT/verdict.md, and into ``verdict_md``
+    between the grid's verdict markers). Returns an exit code.
 
     ``jobs`` > 1 runs that many cells at once (each its output in ``OUT/ARM/seed-S.log``), for machines where one
     run leaves the accelerator idle; cells sharing a machine slow each other, so their wall-clock is not a
@@ -305,6 +308,10 @@ def run_grid(
     plot_results(grid, results, grid.out / "results.png")
     if results_md:
         write_section(Path(results_md), grid.name, table)
+    verdict = verdict_table(grid, results)
+    (grid.out / "verdict.md").write_text(verdict)
+    if verdict_md:
+        write_section(Path(verdict_md), grid.name, verdict, kind="verdict")
     if failed:
         print(
             f"failed cells (the table {'marks them unfinished' if unfinished else 'leaves them out'}): "
@@ -358,6 +365,13 @@ def add_parser(sub, new_path) -> None:
         type=new_path("file"),
         help="also put the table into this markdown file, between the grid's markers",
     )
+    p.add_argument(
+        "--verdict-md",
+        type=new_path("file"),
+        help="also put the one-screen verdict (each arm against the reference at the last eval step and at "
+        "equal wall-clock, 95%% CIs, seeds, where one more seed should land) into this markdown file, between "
+        "the grid's verdict markers (appended the first time: move the markers where the verdict belongs)",
+    )
     p.set_defaults(func=command)
 
 
@@ -368,6 +382,6 @@ def command(args) -> int:
         seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
     except ValueError as error:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
-    code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs, args.unfinished)
-    print(f"Written: {grid.out / 'results.md'} and {grid.out / 'results.png'}")
+    code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs, args.unfinished, args.verdict_md)
+    print(f"Written: {grid.out / 'results.md'}, {grid.out / 'verdict.md'} and {grid.out / 'results.png'}")
     return code

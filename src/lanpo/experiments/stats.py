@@ -153,6 +153,34 @@ def _at_seconds(cell: dict, metric: str, t: float) -> float | None:
     return interpolate(xs, [v for _, v in points], t)
 
 
+def _values_at_step(results: dict, arms: list[str], metric: str, step: int) -> dict[str, dict[int, float]]:
+    """``{arm: {seed: value}}`` of ``metric`` at ``step``, for the seeds that logged it."""
+    return {
+        a: {s: c["evals"][metric][step] for s, c in results.get(a, {}).items() if step in c["evals"].get(metric, {})}
+        for a in arms
+    }
+
+
+def _wall_clock_marks(ref_cells: dict[int, dict], steps: list[int]) -> dict[int, float]:
+    """``{step: seconds}``: at each eval step after 0 that every reference seed reached, the training time of
+    the reference's fastest seed there (so every reference seed has a value at that time)."""
+    if not ref_cells:
+        return {}
+    return {
+        step: min(c["seconds"][step] for c in ref_cells.values())
+        for step in steps
+        if step > 0 and all(step in c["seconds"] for c in ref_cells.values())
+    }
+
+
+def _values_at_seconds(results: dict, arms: list[str], metric: str, t: float) -> dict[str, dict[int, float]]:
+    """``{arm: {seed: value}}`` of ``metric`` after ``t`` seconds of training (interpolated), for the seeds that
+    trained that long."""
+    return {
+        a: {s: v for s, c in results.get(a, {}).items() if (v := _at_seconds(c, metric, t)) is not None} for a in arms
+    }
+
+
 def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list[str]:
     """Cells of one table row: each arm's mean ± CI (s.e.) [n], then each arm − reference paired by seed."""
     out = []
@@ -168,9 +196,14 @@ def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list
     return out
 
 
+def _landing(values: list[float]) -> str:
+    """The 95% prediction interval as ``low – high``, within [0, 1] (mean@k is a share); ``—`` from one value."""
+    pi = prediction_interval(values)
+    return f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f}" if pi else "—"
+
+
 def _pi_cell(values: list[float]) -> str:
-    pi = prediction_interval(values)  # mean@k is a share: kept within [0, 1]
-    return f"{max(pi[0], 0.0):.3f} – {min(pi[1], 1.0):.3f} [{len(values)}]" if pi else "—"
+    return f"{_landing(values)} [{len(values)}]" if len(values) >= 2 else "—"
 
 
 def _prediction_section(metric: str, arms: list[str], by_step: dict[int, dict[str, dict[int, float]]]) -> list[str]:
@@ -231,22 +264,11 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     for metric in metrics:
         steps = sorted({s for cells in results.values() for c in cells.values() for s in c["evals"].get(metric, {})})
         lines += ["", f"### {metric}, by step", "", "| step | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
-        by_step = {
-            step: {
-                a: {
-                    s: c["evals"][metric][step]
-                    for s, c in results.get(a, {}).items()
-                    if step in c["evals"].get(metric, {})
-                }
-                for a in arms
-            }
-            for step in steps
-        }
+        by_step = {step: _values_at_step(results, arms, metric, step) for step in steps}
         for step in steps:
             lines.append(f"| {step} | " + " | ".join(_row(arms, ref, by_step[step])) + " |")
         lines += _prediction_section(metric, arms, by_step)
-        ref_cells = results.get(ref, {})
-        marks = [s for s in steps if s > 0 and ref_cells and all(s in c["seconds"] for c in ref_cells.values())]
+        marks = _wall_clock_marks(results.get(ref, {}), steps)
         if not marks:
             continue
         lines += [
@@ -257,19 +279,98 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
             "| minutes | " + " | ".join(head) + " |",
             "|---|" + "---|" * len(head),
         ]
-        for step in marks:
-            t = min(c["seconds"][step] for c in ref_cells.values())
-            values = {
-                a: {s: v for s, c in results.get(a, {}).items() if (v := _at_seconds(c, metric, t)) is not None}
-                for a in arms
-            }
+        for t in marks.values():
+            values = _values_at_seconds(results, arms, metric, t)
             lines.append(f"| {t / 60:.1f} | " + " | ".join(_row(arms, ref, values)) + " |")
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, name: str, table: str) -> None:
-    """Put ``table`` between this grid's markers in ``path`` (appended the first time); the rest is kept."""
-    start, end = f"<!-- lanpo-experiment:{name} -->", f"<!-- /lanpo-experiment:{name} -->"
+def _short(values: list[float], signed: bool = False) -> str:
+    """``mean ± 95% CI half-width`` (the mean alone from one value)."""
+    mean, half, _ = mean_ci(values)
+    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return text + (f" ± {half:.3f}" if half is not None else "")
+
+
+def _reading(diffs: list[float]) -> str:
+    """What a paired difference says: ahead or behind when its 95% CI excludes 0, else inside the noise."""
+    if len(diffs) < 2:
+        return "one seed, no interval" if diffs else "no seed"
+    mean, half, _ = mean_ci(diffs)
+    if mean - half > 0:
+        return "ahead"
+    if mean + half < 0:
+        return "behind"
+    return "inside the noise"
+
+
+def verdict_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
+    """One screen: per arm, its difference from the reference at the reference's last eval step and at equal
+    wall-clock there (95% CI, paired by seed), the seeds, a reading, and where one more seed's run of the arm
+    should land at that step (95% prediction interval). Empty when the reference has no finished seed."""
+    arms, ref = list(grid.arms), grid.reference
+    ref_cells = results.get(ref, {})
+    metrics = sorted({m for c in ref_cells.values() for m in c["evals"]})
+    lines = []
+    for metric in metrics:
+        common = set.intersection(*(set(c["evals"].get(metric, {})) for c in ref_cells.values()))
+        if not common:
+            continue
+        step = max(common)
+        at_step = _values_at_step(results, arms, metric, step)
+        t = _wall_clock_marks(ref_cells, [step]).get(step)
+        at_time = _values_at_seconds(results, arms, metric, t) if t is not None else None
+        when = f"{t / 60:.1f} min of training" if t is not None else "equal wall-clock (no step time logged)"
+
+        def ref_mean(values: dict[str, dict[int, float]]) -> str:
+            v = list(values[ref].values())
+            return f"{_short(v)} [{len(v)}]"
+
+        lines += [
+            f"### Grid `{grid.name}`, {metric}: each arm against `{ref}`",
+            "",
+            f"`{ref}` at step {step}: {ref_mean(at_step)}"
+            + (f"; at {when}: {ref_mean(at_time)}" if at_time is not None else "")
+            + ". Differences are paired by seed, mean ± 95% CI half-width (Student t); a difference whose "
+            f"interval contains 0 is inside the noise. The last column is where one more seed's run of the arm "
+            f"should land at step {step} (95% prediction interval): the range to check a re-run of one cell "
+            "against.",
+            "",
+            f"| arm | overrides | − {ref} at step {step} | − {ref} at {when} | seeds | reading | one more seed at "
+            f"step {step} |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for arm in arms:
+            overrides = ", ".join(f"{k}={v}" for k, v in grid.arms[arm].items()) or "(base)"
+            own = list(at_step[arm].values())
+            landing = _landing(own)
+            if arm == ref:
+                lines.append(f"| {arm} | {overrides} | reference | reference | {len(own)} | — | {landing} |")
+                continue
+            cells, seeds, readings = [], [], []
+            for values in (at_step, at_time):
+                if values is None:
+                    cells.append("—")
+                    continue
+                paired = sorted(set(values[arm]) & set(values[ref]))
+                diffs = [values[arm][s] - values[ref][s] for s in paired]
+                cells.append(_short(diffs, signed=True) if diffs else "—")
+                seeds.append(len(diffs))
+                readings.append(_reading(diffs))
+            count = str(seeds[0]) if len(set(seeds)) == 1 else " / ".join(map(str, seeds))
+            if len(set(readings)) == 1:
+                reading = readings[0] + (" at both" if len(readings) == 2 else "")
+            else:
+                reading = f"{readings[0]} at equal steps, {readings[1]} at equal wall-clock"
+            lines.append(f"| {arm} | {overrides} | {cells[0]} | {cells[1]} | {count} | {reading} | {landing} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(path: Path, name: str, table: str, kind: str = "experiment") -> None:
+    """Put ``table`` between this grid's markers of ``kind`` in ``path`` (appended the first time); the rest is
+    kept."""
+    start, end = f"<!-- lanpo-{kind}:{name} -->", f"<!-- /lanpo-{kind}:{name} -->"
     text = path.read_text() if path.is_file() else ""
     block = f"{start}\n{table}{end}"
     if start in text and end in text:
