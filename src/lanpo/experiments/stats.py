@@ -141,8 +141,16 @@ def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
 
 
 def _fmt(mean: float, half: float | None, se: float | None, signed: bool = False, digits: int = 3) -> str:
+    """``mean ± half (se)``; without ``se``, ``mean ± half``; without ``half``, the mean alone."""
     text = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
-    return text + (f" ± {half:.{digits}f} ({se:.{digits}f})" if half is not None else "")
+    if half is not None:
+        text += f" ± {half:.{digits}f}" + (f" ({se:.{digits}f})" if se is not None else "")
+    return text
+
+
+def _paired(values: dict[str, dict[int, float]], arm: str, ref: str) -> list[float]:
+    """``arm − ref`` for each seed both have, in seed order."""
+    return [values[arm][s] - values[ref][s] for s in sorted(set(values.get(arm, {})) & set(values.get(ref, {})))]
 
 
 def _at_seconds(cell: dict, metric: str, t: float) -> float | None:
@@ -190,8 +198,7 @@ def _row(arms: list[str], ref: str, values: dict[str, dict[int, float]]) -> list
     for arm in arms:
         if arm == ref:
             continue
-        common = sorted(set(values.get(arm, {})) & set(values.get(ref, {})))
-        d = [values[arm][s] - values[ref][s] for s in common]
+        d = _paired(values, arm, ref)
         out.append(f"{_fmt(*mean_ci(d), signed=True)} [{len(d)}]" if d else "—")
     return out
 
@@ -288,8 +295,7 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
 def _short(values: list[float], signed: bool = False) -> str:
     """``mean ± 95% CI half-width`` (the mean alone from one value)."""
     mean, half, _ = mean_ci(values)
-    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
-    return text + (f" ± {half:.3f}" if half is not None else "")
+    return _fmt(mean, half, None, signed=signed)
 
 
 def _reading(diffs: list[float]) -> str:
@@ -352,8 +358,7 @@ def verdict_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
                 if values is None:
                     cells.append("—")
                     continue
-                paired = sorted(set(values[arm]) & set(values[ref]))
-                diffs = [values[arm][s] - values[ref][s] for s in paired]
+                diffs = _paired(values, arm, ref)
                 cells.append(_short(diffs, signed=True) if diffs else "—")
                 seeds.append(len(diffs))
                 readings.append(_reading(diffs))
