@@ -52,9 +52,9 @@ def eval_arm(backend: str) -> dict:
 
 
 def train_arm(use_vllm: bool, steps: int) -> dict:
+    from lanpo.commands.train import parse
     from lanpo.data.loaders import builtin_arith, to_prompt_dataset
     from lanpo.engine.models import load_tokenizer, resolve_model_path
-    from lanpo.launch.train import parse
     from lanpo.trainer import LanpoTrainer
 
     out = tempfile.mkdtemp(prefix="backend-step-")

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from lanpo.commands.train import parse
 from lanpo.data.loaders import load_problems, to_prompt_dataset
 from lanpo.data.presets import training_split
 from lanpo.engine.models import load_tokenizer, resolve_model_path
 from lanpo.eval.evaluate import EvalSettings, run_retrieval, run_zero_shot
-from lanpo.launch.train import parse
 from lanpo.pool.retrieval import Retriever
 from lanpo.trainer import LanpoTrainer
 from lanpo.verify.rewards import MathVerifier

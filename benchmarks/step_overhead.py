@@ -44,9 +44,9 @@ import time
 
 import torch
 
+from lanpo.commands.train import parse
 from lanpo.data.loaders import builtin_arith, to_prompt_dataset
 from lanpo.engine.models import load_tokenizer, resolve_model_path
-from lanpo.launch.train import parse
 from lanpo.pool.store import ExperiencePool
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 

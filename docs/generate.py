@@ -2,7 +2,7 @@
 
 * ``docs/reference/config.md``: every field of ``LanpoConfig`` (LANPO's own first, then those inherited from TRL's
   ``GRPOConfig``) and of ``lanpo train``'s ``TrainArguments``, with its default and help;
-* ``docs/reference/metrics.md``: every metric lanpo logs beside TRL's (``lanpo.run.runlog.METRICS``).
+* ``docs/reference/metrics.md``: every metric lanpo logs beside TRL's (``lanpo.run.metrics.METRICS``).
 
 ``tests/test_docs.py`` fails when a committed page differs from what this writes.
 """
@@ -40,8 +40,8 @@ def config_reference() -> str:
     import trl
     from trl import GRPOConfig
 
+    from lanpo.commands.train import TrainArguments
     from lanpo.config import LanpoConfig
-    from lanpo.launch.train import TrainArguments
 
     inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
     own = [f for f in dataclasses.fields(LanpoConfig) if f.name not in inherited and f.init]
@@ -53,13 +53,13 @@ def config_reference() -> str:
         "",
         "Generated from the code by `python docs/generate.py` (`make docs`); `tests/test_docs.py` keeps it in step.",
         "Every field is a flag of `lanpo train` (`--name value`) and a key of its YAML config. The embedded",
-        "default (`lanpo train` with no config and no model) overrides some of them: `lanpo.launch.train.EMBEDDED_DEFAULTS`.",
+        "default (`lanpo train` with no config and no model) overrides some of them: `lanpo.commands.train.EMBEDDED_DEFAULTS`.",
         "",
         "## LANPO's fields (`lanpo.config.LanpoConfig`)",
         "",
         *_table(own),
         "",
-        "## `lanpo train`'s data and run fields (`lanpo.launch.train.TrainArguments`)",
+        "## `lanpo train`'s data and run fields (`lanpo.commands.train.TrainArguments`)",
         "",
         *_table(list(dataclasses.fields(TrainArguments))),
         "",
@@ -72,12 +72,12 @@ def config_reference() -> str:
 
 
 def metrics_reference() -> str:
-    from lanpo.run.runlog import METRICS
+    from lanpo.run.metrics import METRICS
 
     lines = [
         "# Metrics reference",
         "",
-        "Generated from `lanpo.run.runlog.METRICS` by `python docs/generate.py`; `tests/test_docs.py` checks that a",
+        "Generated from `lanpo.run.metrics.METRICS` by `python docs/generate.py`; `tests/test_docs.py` checks that a",
         "run logs no lanpo metric missing here. TRL's own (`loss`, `reward`, `kl`, `entropy`, `grad_norm`,",
         "`completions/*`, `clip_ratio/*`, `sampling/*`) are logged as TRL documents them; `kl` is the mean over every",
         "token of the KL term applied. `<x>` stands for a part that varies. Every step's values are in the run's",

@@ -15,27 +15,31 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "lanpo"
 # listed before it (function-level imports included).
 LAYERS = [
     "objective",
+    "plan",
+    "config",
     "prompts",
     "verify",
     "data",
     "engine",
-    "loss_hooks",
+    "loss",
     "pool",
     "feedback",
     "eval",
     "summarize",
     "rollout",
-    "config",
     "run",
     "report",
     "trainer",
-    "launch",
+    "commands",
     "experiments",
     "cli",
     "demo",
 ]
 # Every module in data-flow order, so that inside a layer too imports flow one way.
 STAGES = [
+    "objective",
+    "plan",
+    "config",
     "verify.numerals",
     "verify.answers",
     "prompts",
@@ -49,23 +53,29 @@ STAGES = [
     "engine.generation",
     "verify.rewards",
     "pool.retrieval",
-    "feedback",
+    "feedback.labels",
+    "feedback.base",
+    "feedback.reflection",
+    "feedback.abstraction",
+    "feedback.registry",
     "summarize",
     "rollout",
-    "objective",
     "run.checkpoints",
     "engine.vllm_cpu",
-    "config",
-    "run.runlog",
-    "loss_hooks",
+    "run.metrics",
+    "run.files",
+    "run.final",
+    "run.plots",
+    "loss",
     "eval.evaluate",
     "eval.during_training",
     "trainer",
-    "launch.sft_data",
-    "launch.sft",
+    "commands.args",
+    "commands.sft_data",
+    "commands.sft",
     "report.compare",
     "report.page",
-    "launch.train",
+    "commands.train",
     "experiments.stats",
     "experiments.grid",
     "cli",
@@ -111,13 +121,14 @@ def test_every_module_has_a_stage_and_imports_only_lower_stages_and_layers():
 
 
 def test_the_method_sits_at_the_top_of_the_package():
-    method = {"prompts", "feedback", "summarize", "rollout", "objective", "config", "loss_hooks", "trainer"}
+    method = {"prompts", "plan", "summarize", "rollout", "objective", "config", "loss", "trainer"}
     assert method <= {p.stem for p in PACKAGE.glob("*.py")}
+    assert (PACKAGE / "feedback" / "registry.py").is_file()  # the feedback sources: a subpackage with a registry
     assert len(list(PACKAGE.glob("*.py"))) <= 12  # the method, the CLI and the demo; the rest lives in subpackages
 
 
-def test_rollout_and_objective_do_not_depend_on_trl():
-    for name in ("rollout", "objective"):
+def test_rollout_objective_and_loss_do_not_depend_on_trl():
+    for name in ("rollout", "objective", "loss"):
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
@@ -133,7 +144,7 @@ def test_config_scorer_names_match_the_implementations():
 
 
 def test_choice_fields_show_their_choices_in_help():
-    from lanpo.launch.train import parse
+    from lanpo.commands.train import parse
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
@@ -147,8 +158,8 @@ def test_train_help_shows_lanpo_fields_first_with_choices_and_every_lanpo_field(
     from trl import GRPOConfig
 
     from lanpo.cli import main
+    from lanpo.commands.train import HELP_GROUPS, train_help
     from lanpo.config import LanpoConfig
-    from lanpo.launch.train import HELP_GROUPS, train_help
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -179,3 +190,62 @@ def test_train_help_all_lists_every_field_under_lanpo_train():
     text = out.getvalue()
     assert text.startswith("usage: lanpo train") and "--learning_rate" in text and "--eval_every" in text
     assert "--vllm_importance_sampling_correction" in text and len(text.splitlines()) > 1000
+
+
+def test_context_in_loss_is_decoded_once():
+    """Only plan.py names the objectives and only config.py reads the field: the rest asks the decoded Objective."""
+    from lanpo.plan import OBJECTIVES
+
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in ("plan.py", "config.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+        reads = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not strings & (set(OBJECTIVES) - {"keep"}), path  # "keep" is also a plain word elsewhere
+        assert "context_in_loss" not in reads, path
+
+
+def test_the_step_plan_is_computed_in_one_place():
+    """plan_group is called by the config alone (a step's plan, and the warning at construction)."""
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = {
+            n.func.id if isinstance(n.func, ast.Name) else getattr(n.func, "attr", "")
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call)
+        }
+        if path.name != "config.py":
+            assert not calls & {"plan_group", "step_plan", "group_plan"} or path.name == "trainer.py", path
+    trainer = ast.parse((PACKAGE / "trainer.py").read_text())
+    built = [n for n in ast.walk(trainer) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "step_plan"]
+    assert len(built) == 1  # the trainer builds the plan once, when a generation starts
+
+
+def test_the_loss_reads_only_its_batch_and_arguments():
+    """lanpo.loss holds functions of tensors, the batch and the plan: no class of it reads a trainer's state."""
+    tree = ast.parse((PACKAGE / "loss.py").read_text())
+    methods = [
+        f for c in ast.walk(tree) if isinstance(c, ast.ClassDef) for f in c.body if isinstance(f, ast.FunctionDef)
+    ]
+    assert not methods
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "self"]
+
+
+def test_feedback_sources_see_no_label():
+    """A source is asked with FeedbackRequests, which carry no gold answer and no reward; every planned kind has a
+    source and every source a planned kind."""
+    from lanpo.feedback import SOURCES, FeedbackRequest
+    from lanpo.plan import FEEDBACK_KINDS
+
+    assert set(FeedbackRequest._fields) == {"problem_id", "problem", "rows", "attempts"}
+    assert set(SOURCES) == set(FEEDBACK_KINDS)
+    assert all(kind == source.kind for kind, source in SOURCES.items())
+
+
+def test_config_choices_match_the_decoded_objectives():
+    from lanpo.config import CONTEXT_IN_LOSS
+    from lanpo.plan import OBJECTIVES
+
+    assert set(CONTEXT_IN_LOSS) == set(OBJECTIVES)
+    assert all(name == objective.name for name, objective in OBJECTIVES.items())

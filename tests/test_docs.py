@@ -50,7 +50,7 @@ def test_the_metrics_reference_is_what_the_code_generates():
 
 
 def test_every_documented_metric_is_named_in_the_code():
-    from lanpo.run.runlog import METRICS
+    from lanpo.run.metrics import METRICS
 
     source = "\n".join(p.read_text() for p in (ROOT / "src" / "lanpo").rglob("*.py"))
     for name in METRICS:
@@ -81,7 +81,7 @@ LANPO_PREFIXES = (
     ids=["strip", "unsolved"],
 )
 def test_every_lanpo_metric_a_run_logs_is_in_the_metrics_reference(tiny_model_dir, tmp_path, overrides):
-    from lanpo.run.runlog import metric_pattern
+    from lanpo.run.metrics import metric_pattern
     from test_trainer import make_trainer, stub_summaries
 
     trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=2, **overrides)
@@ -89,7 +89,7 @@ def test_every_lanpo_metric_a_run_logs_is_in_the_metrics_reference(tiny_model_di
     trainer.train()
     logged = {key for row in trainer.state.log_history for key in row if key.startswith(LANPO_PREFIXES)}
     assert logged
-    assert not {key for key in logged if not metric_pattern(key)}, "add them to lanpo.run.runlog.METRICS"
+    assert not {key for key in logged if not metric_pattern(key)}, "add them to lanpo.run.metrics.METRICS"
 
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")

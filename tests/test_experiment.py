@@ -244,7 +244,7 @@ def test_interpolation_stays_between_neighbours_and_never_extrapolates(points, x
 
 
 def test_shipped_grids_load_and_their_cells_parse(tmp_path):
-    from lanpo.launch.train import parse
+    from lanpo.commands.train import parse
 
     for path in sorted(Path("configs/experiments").glob("*.yaml")):
         grid = load_grid(path)

@@ -1,4 +1,4 @@
-"""lanpo.loss_hooks: strip weights from the sampler's log-probabilities equal the two-pass computation; keep-mode
+"""lanpo.loss: strip weights from the sampler's log-probabilities equal the two-pass computation; keep-mode
 micro-batches bucketed by prompt length give the same loss and gradients as TRL's shuffled ones."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 from trl.trainer.utils import split_tensor_dict
 
-import lanpo.loss_hooks
+import lanpo.loss
 from lanpo.engine.generation import left_pad
-from lanpo.loss_hooks import bucket_by_prompt_length
+from lanpo.loss import bucket_by_prompt_length
 from test_trainer import make_trainer, stub_summaries
 
 LOGP_TOL = 1e-4  # fp32 on CPU: a KV-cached generation step vs one full forward
@@ -52,7 +52,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
         output["test_reference_context"] = torch.where(feedback, reference, torch.full_like(reference, float("nan")))
 
     trainer._attach_feedback_inputs = attach_and_reference
-    compute_loss, strip_weights, seen = trainer._compute_loss, lanpo.loss_hooks.objective.strip_weights, []
+    compute_loss, strip_weights, seen = trainer._compute_loss, lanpo.loss.objective.strip_weights, []
 
     def loss_with_reference(model, inputs):
         seen.append(dict(inputs))
@@ -72,7 +72,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
         return weights
 
     trainer._compute_loss = loss_with_reference
-    monkeypatch.setattr(lanpo.loss_hooks.objective, "strip_weights", checked_weights)
+    monkeypatch.setattr(lanpo.loss.objective, "strip_weights", checked_weights)
     trainer.train()
     assert checked["rows"] > 0 and checked["tokens"] > 0
 
@@ -243,6 +243,7 @@ def _feedback_batch(trainer, mode, seed=0, stale=False):
     that differs from π(y|x) by up to ±2 nats a token."""
     batch = _generation_batch(trainer, rows=8, seed=seed)
     g = torch.Generator().manual_seed(seed + 1)
+    lanpo.loss.with_plan(batch, trainer.args.step_plan(0), 8)  # a step that planned feedback
     batch["lanpo_has_feedback"] = torch.tensor([False, False, True, True] * 2)
     plain = _forward_logps(trainer, batch)
     if mode != "keep":
@@ -374,6 +375,7 @@ def test_lanpo_kl_on_rows_sampled_under_their_own_prompt_is_trl_s(tiny_model_dir
     expected, expected_grads = _lanpo_loss_and_grads(trainer, batch)  # no feedback flag: TRL's loss untouched
     flagged = dict(
         batch,
+        lanpo_plan=[trainer.args.step_plan(0)] * 8,  # a step that planned feedback: LANPO's path
         lanpo_has_feedback=torch.zeros(8, dtype=torch.bool),
         lanpo_context_logps=torch.full(batch["completion_mask"].shape, float("nan")),
     )

@@ -19,7 +19,8 @@ from lanpo.objective import (
     trl_k3,
     weight_advantages,
 )
-from lanpo.rollout import Row, choose_trials, make_rows, plan_group
+from lanpo.plan import plan_group
+from lanpo.rollout import Row, choose_trials, make_rows
 
 ONE = torch.tensor([1.0])
 

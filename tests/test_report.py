@@ -254,7 +254,7 @@ def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
     st.data(),
 )
 def test_reward_is_accuracy_holds_exactly_when_every_kind_agrees_at_every_step(points, data):
-    from lanpo.run.runlog import reward_is_accuracy
+    from lanpo.run.files import reward_is_accuracy
 
     rows = [{"step": i, f"reward/{kind}/mean": v, f"accuracy/{kind}/mean": v} for i, (kind, v) in enumerate(points)]
     assert reward_is_accuracy(rows)

@@ -52,8 +52,8 @@ def steps_logged(run: Path) -> list[int]:
 def test_a_minimal_yaml_gets_the_library_defaults_not_the_demo_ones(tmp_path, capsys):
     from trl import GRPOConfig
 
+    from lanpo.commands.train import EMBEDDED_DEFAULTS
     from lanpo.config import LanpoConfig
-    from lanpo.launch.train import EMBEDDED_DEFAULTS
 
     config = tmp_path / "x.yaml"
     config.write_text("model_name_or_path: Qwen/Qwen2.5-7B-Instruct\ndata: gsm8k\nnum_train_epochs: 1\n")
@@ -213,14 +213,14 @@ def test_a_finished_train_destroys_its_process_group_and_a_failed_one_leaves_it(
     after an error no barrier may wait for processes that will never come."""
     import torch.distributed as dist
 
-    import lanpo.launch.train
+    import lanpo.commands.train
 
     def run(argv):
         if fails:
             raise ValueError("bad row")
         return tmp_path
 
-    monkeypatch.setattr(lanpo.launch.train, "run", run)
+    monkeypatch.setattr(lanpo.commands.train, "run", run)
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         assert main(["train", "--output_dir", str(tmp_path)]) == (2 if fails else 0)

@@ -12,9 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from helpers.audit import leakage_problems
+from lanpo.commands.sft_data import EndpointTeacher, ShownBalance, build_sft_data
 from lanpo.data.loaders import builtin_arith
 from lanpo.feedback import LABEL_TALK
-from lanpo.launch.sft_data import EndpointTeacher, ShownBalance, build_sft_data
 from lanpo.prompts import SUMMARY_PREFILL, parse_summary
 
 PROBLEMS = builtin_arith("1", n=24, seed=3)
@@ -176,7 +176,7 @@ def test_openai_compatible_endpoint_teacher():
 
 def test_sft_lowers_the_loss_and_its_model_trains_with_lanpo(tiny_model_dir, tmp_path):
     from lanpo.cli import main
-    from lanpo.launch.sft import run_sft
+    from lanpo.commands.sft import run_sft
 
     data = tmp_path / "sft.jsonl"
     build_sft_data(PROBLEMS, StubTeacher(), data, n=24, tries=2, batch_size=8, progress=False)

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+import lanpo.loss
 from helpers.audit import leakage_problems
 from helpers.launch import accelerate_launch
 from lanpo.config import LanpoConfig
@@ -246,9 +247,9 @@ def test_feedback_schedule_and_group_plan(tmp_path):
         feedback_warmup_steps=4,
         reflection_share=0.5,
     )
-    assert config.group_plan(0) == (8, 0, 0)
-    assert config.group_plan(2) == (5, 2, 1)  # p_t = 0.375: 3 feedback rollouts
-    assert config.group_plan(10) == (2, 3, 3)  # p_t = 0.75: 6 feedback rollouts
+    assert config.step_plan(0).group == (8, 0, 0)
+    assert config.step_plan(2).group == (5, 2, 1)  # p_t = 0.375: 3 feedback rollouts
+    assert config.step_plan(10).group == (2, 3, 3)  # p_t = 0.75: 6 feedback rollouts
 
 
 def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
@@ -399,7 +400,7 @@ def test_scratch_baseline_refuses_per_function_normalization(tmp_path):
 
 @pytest.mark.parametrize("config", sorted((Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_configs_parse_and_validate(config):
-    from lanpo.launch.train import parse
+    from lanpo.commands.train import parse
 
     train_args, model_args, lanpo_config = parse(["--config", str(config)])
     assert model_args.model_name_or_path and train_args.data
@@ -407,7 +408,7 @@ def test_shipped_configs_parse_and_validate(config):
 
 
 def test_embedded_default_needs_no_config():
-    from lanpo.launch.train import parse
+    from lanpo.commands.train import parse
 
     train_args, model_args, config = parse([])
     assert model_args.model_name_or_path == "smollm2-135m" and train_args.data == "builtin:arith"
@@ -485,18 +486,18 @@ def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir,
 
 
 def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_exceeds_the_clip(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, monkeypatch
 ):
     trainer = make_trainer(
         tiny_model_dir, tmp_path, context_in_loss="strip", strip_ratio_clip=1.0, max_steps=2, temperature=0.7
     )
     stub_summaries(trainer)
-    applied, reweight = [], trainer._reweight
+    applied, reweight = [], lanpo.loss.reweight
 
-    def checked(capture):
+    def checked(capture, clip):
         inputs = capture.inputs
         before = inputs["advantages"].clone()
-        reweight(capture)
+        stats = reweight(capture, clip)
         applied.append(
             (
                 before,
@@ -506,8 +507,9 @@ def test_strip_weights_reaching_the_advantages_are_the_ratio_clipped_where_it_ex
                 inputs["completion_mask"].bool(),
             )
         )
+        return stats
 
-    trainer._reweight = checked
+    monkeypatch.setattr(lanpo.loss, "reweight", checked)
     trainer.train()
     clipped = 0
     for before, after, old, context, mask in applied:
@@ -654,6 +656,8 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
     from collections import Counter
 
     from lanpo import rollout
+    from lanpo.config import LanpoConfig
+    from lanpo.feedback import AbstractionSource, ReflectionSource
     from lanpo.pool.retrieval import Retriever
     from lanpo.pool.store import ExperiencePool
     from lanpo.summarize import Trial
@@ -680,19 +684,13 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
 
     def step(pending):
         rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, (4, 0, 0))
-        _, finished, carried = rollout.lanpo_rollout(
-            rows,
-            [[1, 2, 3]] * 4,
-            4,
-            model,
-            retriever=Retriever(pool, "bm25", gamma=0.0),
-            pool=pool,
-            reflection_source="auto",
-            keep_context=False,
-            pending=pending,
-            timer=Counter(),
-            counts=Counter(),
-        )
+        sources = {
+            "abstraction": AbstractionSource(Retriever(pool, "bm25", gamma=0.0)),
+            "reflection": ReflectionSource(pool, "auto"),
+        }
+        plan = LanpoConfig(output_dir="unused", num_generations=4, feedback_ratio=0.0, use_cpu=True).step_plan(0)
+        context = rollout.StepContext(plan, sources, pending, Counter(), Counter())
+        _, finished, carried = rollout.lanpo_rollout(rows, [[1, 2, 3]] * 4, 4, model, context)
         assert all(len(r.completion_ids) == 20 for r in rows), "rollouts keep their own length"
         return finished, carried
 
@@ -828,7 +826,7 @@ def test_retrieval_never_shows_the_same_problem_restated_under_another_id():
     )
 )
 def test_all_fail_share_counts_groups_with_no_right_row(groups):
-    from lanpo.run.runlog import RowRecord, feedback_metrics
+    from lanpo.run.metrics import RowRecord, feedback_metrics
 
     records = [
         RowRecord("abstraction" if fb else "scratch", fb, float(ok), ok, 0, None, group=f"g{i}")

@@ -209,7 +209,7 @@ def cmd_eval(args) -> int:
     from lanpo.engine.models import check_model_name, size_cpu_threads
     from lanpo.eval.evaluate import EvalSettings, evaluate, settings_dict, write_results
     from lanpo.pool.store import ExperiencePool
-    from lanpo.run.runlog import check_writable
+    from lanpo.run.files import check_writable
 
     modes = args.modes
     if "retrieval" in modes and not args.pool:
@@ -395,7 +395,7 @@ def _model_alias(argv: list[str]) -> list[str]:
 
 
 def cmd_train(args) -> int:
-    from lanpo.launch.train import help_parser, run, train_help
+    from lanpo.commands.train import help_parser, run, train_help
 
     rest = getattr(args, "rest", [])
     if "--help-all" in rest:
@@ -409,7 +409,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_sft(args) -> int:
-    from lanpo.launch.sft import run_sft
+    from lanpo.commands.sft import run_sft
 
     run_sft(_model_alias(getattr(args, "rest", [])))
     end_distributed()
@@ -471,10 +471,10 @@ def _sft_data_parser(sub) -> None:
 
 
 def cmd_sft_data(args) -> int:
+    from lanpo.commands.sft_data import EndpointTeacher, build_sft_data
     from lanpo.data.loaders import load_problems
     from lanpo.data.presets import training_split
-    from lanpo.launch.sft_data import EndpointTeacher, build_sft_data
-    from lanpo.run.runlog import check_writable
+    from lanpo.run.files import check_writable
     from lanpo.verify.rewards import MathVerifier
 
     mix = args.mix

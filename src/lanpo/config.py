@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from types import UnionType as _UnionType
 from typing import Literal, get_args
 
 from trl import GRPOConfig
 
-from lanpo.rollout import GroupPlan, plan_group
+from lanpo.plan import COMPOSITION_FREE_LOSSES, OBJECTIVES, Objective, StepPlan, plan_group
 
 logger = logging.getLogger(__name__)
 
@@ -320,7 +319,7 @@ class LanpoConfig(GRPOConfig):
                 "advantage_grouping=scratch-baseline baselines the summed reward: set "
                 "multi_objective_aggregation sum_then_normalize (or use separate)."
             )
-        if self.strips_context() and self.use_vllm:
+        if self.objective.strips_context and self.use_vllm:
             self._check_vllm_logprobs_match_the_trainer()
         if self.eval_every < 0 or self.eval_k < 1 or (self.eval_limit is not None and self.eval_limit < 1):
             raise ValueError(
@@ -343,9 +342,10 @@ class LanpoConfig(GRPOConfig):
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}.")
 
-    def strips_context(self) -> bool:
-        """Feedback rows are trained on the plain prompt although sampled under a context (every choice but keep)."""
-        return self.context_in_loss != "keep"
+    @property
+    def objective(self) -> Objective:
+        """``context_in_loss`` decoded: how feedback rows reach the loss (the one place the string is read)."""
+        return OBJECTIVES[self.context_in_loss]
 
     def _check_vllm_logprobs_match_the_trainer(self) -> None:
         """The strip family compares π(y|x,c) from the sampler with π(y|x) from TRL's forward (logits / T). vLLM
@@ -393,89 +393,26 @@ class LanpoConfig(GRPOConfig):
             return self.feedback_ratio * min(1.0, step / self.feedback_warmup_steps)
         return self.feedback_ratio
 
-    def group_plan(self, step: int) -> GroupPlan:
-        """The rollouts per group of G at ``step``, by kind."""
-        return plan_group(self.num_generations, self.feedback_ratio_at(step), self.reflection_share)
-
-
-def flag_value(argv: list[str], name: str) -> str | None:
-    """The value a command line gives field ``name`` (``--name V``, ``--name=V``, dashes or underscores)."""
-    for i, arg in enumerate(argv):
-        flag, _, inline = arg.partition("=")
-        if not flag.startswith("--") or flag[2:].replace("-", "_") != name:
-            continue
-        if "=" in arg:
-            return inline
-        return argv[i + 1] if i + 1 < len(argv) else None
-    return None
-
-
-def check_value_types(values: dict, dataclass_types: tuple, where: str) -> None:
-    """A YAML value of the wrong kind for its field (a list, a mapping or null where a number, a flag or a word
-    goes) fails here, naming the field, instead of as a bare TypeError deep in a dataclass."""
-    import typing
-
-    hints: dict = {}
-    for cls in dataclass_types:
-        try:
-            hints.update(typing.get_type_hints(cls))
-        except Exception:  # noqa: BLE001 - a hint that does not resolve is not checked
-            continue
-    for name, value in values.items():
-        hint = hints.get(name)
-        if hint is None:
-            continue
-        allowed = set(typing.get_args(hint)) if typing.get_origin(hint) in (typing.Union, _UnionType) else {hint}
-        origins = {typing.get_origin(a) or a for a in allowed}
-        literal = typing.Literal in origins
-        scalar = origins <= {int, float, bool, str, type(None), typing.Literal}
-        if not scalar:
-            continue
-        if value is None and type(None) not in origins:
-            raise ValueError(f"{where}: {name} is empty (null); it needs a value.")
-        if isinstance(value, list | dict) and not literal:
-            kind = "a list" if isinstance(value, list) else "a mapping"
-            wanted = " or ".join(sorted(t.__name__ for t in origins if t is not type(None)))
-            raise ValueError(f"{where}: {name} is {kind} ({value!r}); it takes one {wanted}.")
-        if isinstance(value, list | dict) and literal:
-            raise ValueError(
-                f"{where}: {name} is {'a list' if isinstance(value, list) else 'a mapping'} "
-                f"({value!r}); it takes one of its choices."
-            )
-
-
-def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
-    """TRL's parser over ``dataclass_types`` (``--config FILE.yaml`` plus flags), with ``defaults`` underneath.
-
-    On a machine without a GPU the run defaults to the CPU in fp32; with one, to bf16 and gradient
-    checkpointing. ``train`` and ``sft`` both parse their command lines here.
-    """
-    import torch
-    import yaml
-    from trl import TrlParser
-
-    path = flag_value(argv, "config")  # a config that is missing or not YAML fails with a message, not a traceback
-    if path is not None:
-        from pathlib import Path
-
-        if not Path(path).is_file():
-            raise FileNotFoundError(f"--config {path}: no such file.")
-        from lanpo.data.loaders import read_text
-
-        try:
-            loaded = yaml.safe_load(read_text(path, f"--config {path}"))
-        except yaml.YAMLError as error:
-            raise ValueError(f"--config {path} is not valid YAML: {error}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"--config {path} must hold a mapping of field: value, not {type(loaded).__name__}.")
-        check_value_types(loaded, dataclass_types, f"--config {path}")
-    parser = TrlParser(dataclass_types)
-    defaults = dict(defaults)
-    if torch.cuda.is_available():
-        defaults.update(bf16=True, gradient_checkpointing=True)
-    else:
-        defaults.update(use_cpu=True, bf16=False)
-    unknown = parser.set_defaults_with_config(**defaults)
-    if unknown:
-        raise RuntimeError(f"lanpo's defaults name unknown fields: {unknown}")
-    return parser.parse_args_and_config(argv)
+    def step_plan(self, step: int) -> StepPlan:
+        """The plan of optimizer step ``step``: built once, when its generation batch starts (``LanpoTrainer``)."""
+        group = plan_group(self.num_generations, self.feedback_ratio_at(step), self.reflection_share)
+        objective = self.objective
+        # Sorting rows by prompt length changes which rows share a micro-batch: only where that leaves the loss and
+        # its gradients unchanged (one optimizer step per generation, a loss whose normalization ignores it).
+        buckets = (
+            objective.keeps_context
+            and group.feedback > 0
+            and self.steps_per_generation > 1
+            and self.steps_per_generation == self.gradient_accumulation_steps
+            and self.loss_type in COMPOSITION_FREE_LOSSES
+            and not (self.entropy_coef != 0.0 or self.use_adaptive_entropy)
+        )
+        return StepPlan(
+            step=step,
+            feedback_ratio=self.feedback_ratio_at(step),
+            group=group,
+            trigger=self.feedback_trigger,
+            trigger_pass_rate=self.feedback_trigger_pass_rate,
+            objective=objective,
+            bucket_by_prompt_length=buckets,
+        )

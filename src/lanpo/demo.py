@@ -87,7 +87,7 @@ def show_method(run: Path, width: int = 600) -> str:
     """One pool entry the policy wrote and one feedback prompt with its completion, as text."""
     from lanpo.pool.store import ExperiencePool
     from lanpo.prompts import clip
-    from lanpo.run.runlog import read_jsonl
+    from lanpo.run.files import read_jsonl
 
     lines = ["", "== What the policy wrote into its experience pool =="]
     pool = ExperiencePool(run / "pool.sqlite", readonly=True)

@@ -1,22 +1,20 @@
-"""One LANPO generation batch, top to bottom: plan each group, build feedback contexts, generate, pick trials.
+"""One LANPO generation batch, top to bottom: the step's plan gives each group its rows by kind, the feedback sources
+give feedback rows their contexts, the model generates, and trials are picked for summaries.
 
-A batch holds whole groups of G rows of one problem each. Per group (:func:`plan_group`):
+A batch holds whole groups of G rows of one problem each. Per group (:attr:`lanpo.plan.StepPlan.group`):
 
 1. **scratch** rows get the plain prompt;
-2. **abstraction** rows get principles and pitfalls of pool entries of *other* problems that pass the
-   relevance filter γ (one retrieval per group); no entry passes → plain prompt (a fallback, counted);
-3. **reflection** rows get the model's own earlier attempt at the same problem, ungraded: attempts stored in
-   earlier steps (``reflection_source="pool"``: they join the first phase), this step's scratch rollouts
-   (``"step"``: a second generation phase), or stored attempts where the problem has some and this step's
-   otherwise (``"auto"``, the default: only groups without stored attempts wait for a second phase); none →
-   plain prompt (counted).
+2. **feedback** rows get a context from the source of their kind (:mod:`lanpo.feedback`): **abstraction**,
+   principles and pitfalls of pool entries of *other* problems that pass the relevance filter γ; **reflection**,
+   the model's own earlier attempt at the same problem, ungraded. A context that cannot be built leaves the plain
+   prompt (a fallback, counted).
 
-Phase A generates scratch, abstraction (and pool-reflection) rows together with the summary prompts of earlier
-trials, so summaries cost no sequential generation of their own. A summary has its own length limit
-(``summary_max_length``): one that has not ended when the rollouts' limit cuts it rides again in the next step's
-batch, continuing from the tokens it has (:func:`continue_summaries`; summaries are never trained on, so writing
-them across a policy update is harmless). Phase B generates step-reflection rows. Nothing here imports TRL: the
-model is reached through the callables of :class:`RolloutModel`.
+``feedback_trigger always`` (:func:`lanpo_rollout`): phase A generates the scratch rows and every feedback row
+whose context is ready, together with the summary prompts of earlier trials (:mod:`lanpo.summarize`: summaries
+ride along and cost no sequential generation of their own); phase B generates the rows whose source waited for
+this step's scratch attempts (reflection on this step's rollouts). ``unsolved`` (:func:`unsolved_rollout`):
+GRPO's rollout first, then feedback only for groups that failed. Nothing here imports TRL: the model is reached
+through the callables of :class:`RolloutModel`.
 """
 
 from __future__ import annotations
@@ -24,37 +22,16 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
-from lanpo.feedback import build_abstraction_prompt, build_reflection_prompt
-from lanpo.pool.retrieval import Retriever
-from lanpo.pool.store import Attempt, ExperiencePool
-from lanpo.prompts import Messages, clip, with_prefill
-from lanpo.summarize import Trial, summary_prompt
-
-FEEDBACK_KINDS = ("reflection", "abstraction")
-
-
-class GroupPlan(NamedTuple):
-    """How many rows of a group of G each kind gets."""
-
-    scratch: int
-    reflection: int
-    abstraction: int
-
-    @property
-    def feedback(self) -> int:
-        return self.reflection + self.abstraction
-
-
-def plan_group(g: int, feedback_ratio: float, reflection_share: float) -> GroupPlan:
-    """The rows of a group of ``g`` by kind: round(p_t·g) get feedback (half up)."""
-    feedback = int(feedback_ratio * g + 0.5)
-    reflection = int(feedback * reflection_share + 0.5)
-    return GroupPlan(g - feedback, reflection, feedback - reflection)
+from lanpo.feedback.base import FeedbackRequest, FeedbackSource
+from lanpo.plan import GroupPlan, StepPlan
+from lanpo.pool.store import Attempt
+from lanpo.prompts import Messages, clip
+from lanpo.summarize import Trial, continue_summaries, summary_input
 
 
 @dataclass
@@ -124,34 +101,57 @@ def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, int, 
     return rows
 
 
-def attach_abstractions(
-    rows: list[Row], g: int, retriever: Retriever, counts: Counter, judge: AbstractContextManager | None = None
-) -> None:
-    """Give abstraction rows their context: one retrieval per group that has any (none passing γ: plain)."""
-    groups = [s for s in range(0, len(rows), g) if any(r.kind == "abstraction" for r in rows[s : s + g])]
-    if not groups:
-        return
-    with judge or nullcontext():
-        found = retriever.retrieve_many([(rows[s].problem_id, rows[s].problem) for s in groups])
-    for s, hits in zip(groups, found):
-        result = build_abstraction_prompt(rows[s].problem, [h.entry for h in hits], problem_id=rows[s].problem_id)
-        counts["lessons_dropped"] += sum(n for reason, n in result.dropped_lessons.items() if reason != "same_problem")
-        shown = [{"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in hits]
-        for row in rows[s : s + g]:
-            if row.kind == "abstraction":
-                row.context, row.fallback, row.retrieved = result.messages, result.reason, shown
+@dataclass
+class StepContext:
+    """What a step's rollout needs besides its rows and the model: the plan, the sources it asks, the summaries that
+    ride along, and where it counts."""
+
+    plan: StepPlan
+    sources: Mapping[str, FeedbackSource]  # by row kind (lanpo.feedback.registry)
+    pending: list[Trial] = field(default_factory=list)  # trials whose summaries ride in this batch
+    timer: Counter = field(default_factory=Counter)  # seconds by part of the step
+    counts: Counter = field(default_factory=Counter)  # this step's counters (lanpo/lessons_dropped, ...)
 
 
-def attach_reflections(group: list[Row], attempts: list[str], pool: ExperiencePool) -> None:
-    """Give a group's reflection rows their contexts: ``attempts``, else the problem's attempts in the pool."""
-    reflecting = [r for r in group if r.kind == "reflection"]
-    if not reflecting:
-        return
-    if not attempts:
-        attempts = [a.text for a in pool.attempts(group[0].problem_id) if a.text.strip()]
-    for j, row in enumerate(reflecting):
-        result = build_reflection_prompt(row.problem, [attempts[j % len(attempts)]] if attempts else [])
-        row.context, row.fallback = result.messages, result.reason
+Waiting = set[tuple[int, str]]  # (a group's first row, a row kind) whose contexts wait for this step's attempts
+
+
+def ask_sources(
+    rows: list[Row],
+    g: int,
+    context: StepContext,
+    *,
+    attempts: Mapping[int, Sequence[str]] | None = None,
+    only: Waiting | None = None,
+    ready_only: bool = False,
+) -> Waiting:
+    """Give the feedback rows of each group their contexts, asking each source once for all its groups.
+
+    ``attempts`` hands a group (by its first row) its own attempts; ``only`` limits the groups and kinds asked;
+    ``ready_only`` leaves waiting those whose source needs this step's attempts (:meth:`FeedbackSource.ready`).
+    Returns what was left waiting.
+    """
+    waiting: Waiting = set()
+    for kind, source in context.sources.items():
+        asked = []
+        for s in range(0, len(rows), g):
+            wanted = [r for r in rows[s : s + g] if r.kind == kind]
+            if not wanted or (only is not None and (s, kind) not in only):
+                continue
+            given = attempts.get(s) if attempts is not None else None
+            own = None if given is None else tuple(given)
+            request = FeedbackRequest(rows[s].problem_id, rows[s].problem, len(wanted), own)
+            if ready_only and not source.ready(request):
+                waiting.add((s, kind))
+            else:
+                asked.append((wanted, request))
+        if asked:
+            built = source.contexts([request for _, request in asked], context.counts)
+            for (wanted, _), contexts in zip(asked, built):
+                for row, feedback in zip(wanted, contexts):
+                    row.context, row.fallback = feedback.messages, feedback.reason
+                    row.retrieved = list(feedback.retrieved)
+    return waiting
 
 
 def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
@@ -176,67 +176,53 @@ def _generate(
     return completions[len(index) :]
 
 
+@contextmanager
+def _timed(timer: Counter, part: str) -> Iterator[None]:
+    """Add the seconds of a ``with`` block to ``timer[part]``."""
+    start = time.perf_counter()
+    yield
+    timer[part] += time.perf_counter() - start
+
+
 def lanpo_rollout(
-    rows: list[Row],
-    plain_ids: list[list[int]],
-    g: int,
-    model: RolloutModel,
-    *,
-    retriever: Retriever,
-    pool: ExperiencePool,
-    reflection_source: str,
-    keep_context: bool,
-    pending: list[Trial],
-    timer: Counter,
-    counts: Counter,
-    judge: AbstractContextManager | None = None,
+    rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, context: StepContext
 ) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
     """Generate one completion per row; returns TRL's rollout output, the summaries that ended as ``(trial, text)``
     and the trials whose summaries go on in the next batch."""
-    start = time.perf_counter()
-    attach_abstractions(rows, g, retriever, counts, judge)
-    for row, ids in zip(rows, plain_ids):
-        row.plain_ids = ids
-    deferred = set()  # groups whose reflection rows wait for this step's scratch attempts (phase B)
-    for s in range(0, len(rows), g):
-        if any(r.kind == "reflection" for r in rows[s : s + g]):
-            stored = reflection_source != "step" and bool(pool.attempts(rows[s].problem_id, limit=1))
-            if stored or reflection_source == "pool":  # the context is known now: these rows join phase A
-                attach_reflections(rows[s : s + g], [], pool)
-            else:
-                deferred.add(s)
-    timer["retrieve"] += time.perf_counter() - start
+    timer = context.timer
+    with _timed(timer, "retrieve"):
+        for row, ids in zip(rows, plain_ids):
+            row.plain_ids = ids
+        waiting = ask_sources(rows, g, context, ready_only=True)
 
-    phase_a = [i for i, r in enumerate(rows) if r.kind != "reflection" or i - i % g not in deferred]
+    phase_a = [i for i, r in enumerate(rows) if (i - i % g, r.kind) not in waiting]
     _tokenize_contexts(model, [rows[i] for i in phase_a])
     if model.feedback_ids is not None:  # feedback rows have their own length limit: a generation of their own
         apart = [i for i in phase_a if rows[i].has_feedback]
         phase_a = [i for i in phase_a if not rows[i].has_feedback]
         if apart:
-            start = time.perf_counter()
-            _generate(model, rows, [], apart, feedback=True)
-            timer["generate"] += time.perf_counter() - start
+            with _timed(timer, "generate"):
+                _generate(model, rows, [], apart, feedback=True)
     start = time.perf_counter()
-    summaries = _generate(model, rows, [_summary_input(model, t) for t in pending], phase_a)
+    summaries = _generate(model, rows, [summary_input(model, t) for t in context.pending], phase_a)
     elapsed = time.perf_counter() - start
     rollout_tokens = sum(len(rows[i].completion_ids) for i in phase_a)
-    share = sum(len(c) for c in summaries) / max(1, rollout_tokens + sum(len(c) for c in summaries))
+    summary_tokens = sum(len(c) for c in summaries)
+    share = summary_tokens / max(1, rollout_tokens + summary_tokens)
     timer["generate"] += elapsed * (1 - share)
     timer["summarize"] += elapsed * share  # token-share estimate: summaries ride in this batch
-    finished, carried = continue_summaries(model, pending, summaries)
+    finished, carried = continue_summaries(model, context.pending, summaries)
 
-    phase_b = [i for i, r in enumerate(rows) if r.kind == "reflection" and i - i % g in deferred]
-    if phase_b:  # reward-agnostic reflection on this step's scratch attempts at the same problem
-        start = time.perf_counter()
-        for s in sorted(deferred):
-            group = rows[s : s + g]
-            attach_reflections(group, [r.text for r in group if r.kind == "scratch" and r.text.strip()], pool)
-        _tokenize_contexts(model, [rows[i] for i in phase_b])
-        timer["retrieve"] += time.perf_counter() - start
-        start = time.perf_counter()
-        _generate(model, rows, [], phase_b, feedback=True)
-        timer["generate"] += time.perf_counter() - start
-    return _output(rows, keep_context), finished, carried
+    phase_b = [i for i, r in enumerate(rows) if (i - i % g, r.kind) in waiting]
+    if phase_b:  # contexts on this step's scratch attempts at the same problem (reward-agnostic reflection)
+        with _timed(timer, "retrieve"):
+            groups = {s for s, _ in waiting}
+            own = {s: [r.text for r in rows[s : s + g] if r.kind == "scratch" and r.text.strip()] for s in groups}
+            ask_sources(rows, g, context, attempts=own, only=waiting)
+            _tokenize_contexts(model, [rows[i] for i in phase_b])
+        with _timed(timer, "generate"):
+            _generate(model, rows, [], phase_b, feedback=True)
+    return _output(rows, context.plan.objective.keeps_context), finished, carried
 
 
 def _output(rows: list[Row], keep_context: bool) -> dict[str, Any]:
@@ -251,41 +237,29 @@ def _output(rows: list[Row], keep_context: bool) -> dict[str, Any]:
 
 
 def unsolved_rollout(
-    rows: list[Row],
-    plain_ids: list[list[int]],
-    g: int,
-    model: RolloutModel,
-    *,
-    plan: GroupPlan,
-    pass_rate: float,
-    retriever: Retriever,
-    pool: ExperiencePool,
-    keep_context: bool,
-    pending: list[Trial],
-    timer: Counter,
-    counts: Counter,
-    judge: AbstractContextManager | None = None,
+    rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, context: StepContext
 ) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
     """``feedback_trigger="unsolved"``: feedback only where plain rollouts give GRPO no signal.
 
     Phase A is GRPO's rollout: every row from its plain prompt (with the summaries riding along). A group whose
-    pass rate is at most ``pass_rate`` is triggered: ``plan.feedback`` of its failed rows (as many as failed,
-    if fewer) are planned as feedback, ``plan.reflection`` of them reflections on the group's own failed
-    attempts (so the context shows an attempt known to be wrong: reward information, unlike ``always``), the
-    rest abstractions, and phase B regenerates them with their contexts. A planned row whose context cannot be
-    built keeps its scratch completion (a fallback, counted). Groups that solve the problem get no feedback.
+    pass rate is at most the plan's ``trigger_pass_rate`` is triggered: ``plan.group.feedback`` of its failed rows
+    (as many as failed, if fewer) are planned as feedback, ``plan.group.reflection`` of them reflections on the
+    group's own failed attempts (so the context shows an attempt known to be wrong: reward information, unlike
+    ``always``), the rest abstractions, and phase B regenerates them with their contexts. A planned row whose
+    context cannot be built keeps its scratch completion (a fallback, counted). Groups that solve the problem get
+    no feedback.
     """
+    plan, timer = context.plan.group, context.timer
     for row, ids in zip(rows, plain_ids):
         row.kind, row.plain_ids = "scratch", ids
-    start = time.perf_counter()
-    summaries = _generate(model, rows, [_summary_input(model, t) for t in pending], list(range(len(rows))))
-    timer["generate"] += time.perf_counter() - start
-    finished, carried = continue_summaries(model, pending, summaries)
+    with _timed(timer, "generate"):
+        summaries = _generate(model, rows, [summary_input(model, t) for t in context.pending], list(range(len(rows))))
+    finished, carried = continue_summaries(model, context.pending, summaries)
     right = model.score(rows)
     attempts: dict[int, list[str]] = {}
     for s in range(0, len(rows), g):
         group = range(s, s + g)
-        triggered = sum(right[i] for i in group) <= pass_rate * g
+        triggered = sum(right[i] for i in group) <= context.plan.trigger_pass_rate * g
         for i in group:
             rows[i].triggered = triggered
         if not triggered or plan.feedback == 0:
@@ -296,51 +270,18 @@ def unsolved_rollout(
         for k, i in enumerate(chosen):
             rows[i].kind = "reflection" if k < reflections else "abstraction"
         attempts[s] = [rows[i].text for i in failed if rows[i].text.strip()]
-    start = time.perf_counter()
-    attach_abstractions(rows, g, retriever, counts, judge)
-    for s, texts in attempts.items():
-        attach_reflections(rows[s : s + g], texts, pool)
-    phase_b = [i for i, r in enumerate(rows) if r.has_feedback]
-    _tokenize_contexts(model, [rows[i] for i in phase_b])
-    timer["retrieve"] += time.perf_counter() - start
+    with _timed(timer, "retrieve"):
+        ask_sources(rows, g, context, attempts=attempts)
+        phase_b = [i for i, r in enumerate(rows) if r.has_feedback]
+        _tokenize_contexts(model, [rows[i] for i in phase_b])
     if phase_b:
-        start = time.perf_counter()
-        _generate(model, rows, [], phase_b, feedback=True)
-        timer["generate"] += time.perf_counter() - start
-    return _output(rows, keep_context), finished, carried
+        with _timed(timer, "generate"):
+            _generate(model, rows, [], phase_b, feedback=True)
+    return _output(rows, context.plan.objective.keeps_context), finished, carried
 
 
-def _summary_input(model: RolloutModel, trial: Trial) -> list[int]:
-    return model.tokenize_summary(summary_prompt(trial)) + trial.summary_ids
-
-
-def _summary_text(model: RolloutModel, trial: Trial) -> str:
-    return with_prefill(summary_prompt(trial), model.decode(trial.summary_ids))
-
-
-def continue_summaries(
-    model: RolloutModel, pending: list[Trial], completions: list[list[int]], final: bool = False
-) -> tuple[list[tuple[Trial, str]], list[Trial]]:
-    """Append each trial's new tokens to its summary (cut at ``summary_max_length``); ``(finished (trial, text),
-    carried)``: a summary has finished at an end-of-sequence token, at its limit, or when a completion stopped
-    short of the generation's limit; the others are carried to the next batch (``final``: none is)."""
-    limit, finished, carried = model.summary_max_length, [], []
-    for trial, new in zip(pending, completions):
-        trial.summary_ids = (trial.summary_ids + list(new))[:limit]
-        stopped = not new or new[-1] in model.stop_ids or len(new) < (model.max_new_tokens or 0)
-        if final or stopped or limit is None or len(trial.summary_ids) >= limit:
-            finished.append((trial, _summary_text(model, trial)))
-        else:
-            carried.append(trial)
-    return finished, carried
-
-
-def summarize_apart(model: RolloutModel, pending: list[Trial]) -> list[str]:
-    """The rest of ``pending``'s summaries, generated in a batch of their own (with their own length limit where
-    the model has :attr:`RolloutModel.summary_ids`)."""
-    ids = [_summary_input(model, t) for t in pending]
-    completions = model.summary_ids(ids) if model.summary_ids else model.generate_ids(ids)[0]
-    return [text for _, text in continue_summaries(model, pending, completions, final=True)[0]]
+# The rollout of each feedback_trigger.
+ROLLOUTS = {"always": lanpo_rollout, "unsolved": unsolved_rollout}
 
 
 def choose_trials(

@@ -2,18 +2,24 @@
 
 A trial's summary may mention whether the trial was right (the entry is only ever shown to other problems),
 but lessons that state the trial's own final answer are dropped, so no entry carries a solution.
+
+During training a summary costs no generation of its own: its prompt rides in the next rollout batch, and one
+that the rollouts' length limit cuts goes on in the batch after, from the tokens it has, until it ends or reaches
+``summary_max_length`` (:func:`continue_summaries`; summaries are never trained on, so writing one across a policy
+update is harmless). :func:`summarize_apart` finishes the rest in a batch of their own.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from lanpo.engine.generation import GenerateFn
-from lanpo.feedback import clean_lessons
+from lanpo.feedback.labels import clean_lessons
 from lanpo.pool.store import PoolEntry
-from lanpo.prompts import Messages, parse_summary, summary_messages
+from lanpo.prompts import Messages, parse_summary, summary_messages, with_prefill
 from lanpo.verify.answers import extract_answer
 
 
@@ -81,3 +87,48 @@ def summarize_trials(trials: Sequence[Trial], generate: GenerateFn, stats: Count
     stats["requested"] += len(trials)
     entries = [entry_from_summary(t, text, stats) for t, text in zip(trials, texts)]
     return [e for e in entries if e is not None]
+
+
+class SummaryModel(Protocol):
+    """What writing summaries needs from the policy (``lanpo.rollout.RolloutModel`` has it)."""
+
+    tokenize_summary: Callable[[Messages], list[int]]
+    generate_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]]
+    decode: Callable[[list[int]], str]
+    summary_ids: Callable[[list[list[int]]], list[list[int]]] | None
+    summary_max_length: int | None
+    max_new_tokens: int | None
+    stop_ids: frozenset[int]
+
+
+def summary_input(model: SummaryModel, trial: Trial) -> list[int]:
+    return model.tokenize_summary(summary_prompt(trial)) + trial.summary_ids
+
+
+def _summary_text(model: SummaryModel, trial: Trial) -> str:
+    return with_prefill(summary_prompt(trial), model.decode(trial.summary_ids))
+
+
+def continue_summaries(
+    model: SummaryModel, pending: list[Trial], completions: list[list[int]], final: bool = False
+) -> tuple[list[tuple[Trial, str]], list[Trial]]:
+    """Append each trial's new tokens to its summary (cut at ``summary_max_length``); ``(finished (trial, text),
+    carried)``: a summary has finished at an end-of-sequence token, at its limit, or when a completion stopped
+    short of the generation's limit; the others are carried to the next batch (``final``: none is)."""
+    limit, finished, carried = model.summary_max_length, [], []
+    for trial, new in zip(pending, completions):
+        trial.summary_ids = (trial.summary_ids + list(new))[:limit]
+        stopped = not new or new[-1] in model.stop_ids or len(new) < (model.max_new_tokens or 0)
+        if final or stopped or limit is None or len(trial.summary_ids) >= limit:
+            finished.append((trial, _summary_text(model, trial)))
+        else:
+            carried.append(trial)
+    return finished, carried
+
+
+def summarize_apart(model: SummaryModel, pending: list[Trial]) -> list[str]:
+    """The rest of ``pending``'s summaries, generated in a batch of their own (with their own length limit where
+    the model has :attr:`SummaryModel.summary_ids`)."""
+    ids = [summary_input(model, t) for t in pending]
+    completions = model.summary_ids(ids) if model.summary_ids else model.generate_ids(ids)[0]
+    return [text for _, text in continue_summaries(model, pending, completions, final=True)[0]]

@@ -1,6 +1,6 @@
 """``LanpoTrainer``: TRL's ``GRPOTrainer`` with LANPO's rollouts, wired in through TRL's hooks.
 
-The method lives one stage a module (``rollout``, ``objective``, ``runlog``, ``checkpoints``); this class
+The method lives one stage a module (``plan``, ``rollout``, ``loss``, ``objective``, ``run``); this class
 connects them to TRL's ``rollout_func``, ``_generate_and_score_completions``, ``_calculate_rewards`` and
 checkpoint hooks. With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while the pool is built.
 """
@@ -22,32 +22,28 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
 
-from lanpo import objective, rollout
+from lanpo import loss, objective, rollout
 from lanpo.config import LanpoConfig
 from lanpo.data.loaders import with_answer_column
 from lanpo.engine import vllm_cpu
 from lanpo.engine.generation import chat_ids, left_pad, length_limit, sample_with_logprobs
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
-from lanpo.loss_hooks import LossHooks
+from lanpo.feedback.base import SourceKit
+from lanpo.feedback.registry import make_sources
+from lanpo.plan import StepPlan
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
 from lanpo.prompts import solve_messages
-from lanpo.run import checkpoints, runlog
-from lanpo.run.runlog import (
-    MetricsFileCallback,
-    row_record,
-    step_metrics,
-    time_metrics,
-    write_retrievals,
-    write_samples,
-)
-from lanpo.summarize import Trial, entry_from_summary
+from lanpo.run import checkpoints
+from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
+from lanpo.run.metrics import real_prompts, row_record, step_metrics, time_metrics
+from lanpo.summarize import Trial, entry_from_summary, summarize_apart
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 
 logger = logging.getLogger(__name__)
 
 
-class LanpoTrainer(LossHooks, GRPOTrainer):
+class LanpoTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with LANPO's language-guided rollouts and experience pool.
 
     Arguments are ``GRPOTrainer``'s, with ``args`` a :class:`LanpoConfig`; ``reward_funcs`` defaults to math
@@ -115,6 +111,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         )
         if isinstance(scorer, LLMJudgeScorer) and self.accelerator.num_processes > 1:  # same forwards on every rank
             scorer.sync_batches = lambda n: max(gather_object([n]))
+        self.feedback_sources = make_sources(SourceKit(args, self.pool, self.retriever, self._judge_model))
         self._accuracy_index = (
             self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names else None
         )
@@ -133,6 +130,8 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             else None,
             score=self._right,
         )
+        self._plan: StepPlan | None = None  # the plan of the step at hand, built when its generation starts
+        self._capture: loss.LossCapture | None = None  # the micro-batch inside TRL's loss, on steps with feedback
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
         self._batch_inputs, self._rewards_per_func = None, None
@@ -195,8 +194,8 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         g, inputs = self.num_generations, self._batch_inputs
         if inputs is None or len(inputs) != len(prompts) or len(prompts) % g:
             raise RuntimeError("LanpoTrainer rollouts must come from its own _generate_and_score_completions.")
-        plan = self.args.group_plan(self.state.global_step)
-        if plan.feedback == 0:  # no feedback this step: exactly GRPO's generation
+        plan = self._plan
+        if not plan.has_feedback:  # no feedback this step: exactly GRPO's generation
             self._rows = rollout.make_rows(inputs, g)
             self._summarize_pending_apart()
             start = time.perf_counter()
@@ -205,36 +204,13 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
             for row, ids, plain in zip(self._rows, output["completion_ids"], output["prompt_ids"]):
                 row.completion_ids, row.plain_ids, row.text = list(ids), list(plain), self._model_io.decode(ids)
             return output
-        self._rows = rollout.make_rows(inputs, g, plan)
-        pending, self._pending = self._pending, []
-        common = dict(
-            retriever=self.retriever,
-            pool=self.pool,
-            keep_context=self.args.context_in_loss == "keep",
-            pending=pending,
-            timer=self._timer,
-            counts=self._step_counts,
-            judge=self._judge_model(),
+        self._rows = rollout.make_rows(inputs, g, plan.group)
+        context = rollout.StepContext(plan, self.feedback_sources, self._pending, self._timer, self._step_counts)
+        self._pending = []
+        generate = rollout.ROLLOUTS[plan.trigger]  # always: lanpo_rollout; unsolved: GRPO's rollout, then feedback
+        output, finished, self._pending = generate(
+            self._rows, self._model_io.tokenize(prompts), g, self._model_io, context
         )
-        if self.args.feedback_trigger == "unsolved":  # GRPO's rollout, then feedback for the groups that failed
-            output, finished, self._pending = rollout.unsolved_rollout(
-                self._rows,
-                self._model_io.tokenize(prompts),
-                g,
-                self._model_io,
-                plan=plan,
-                pass_rate=self.args.feedback_trigger_pass_rate,
-                **common,
-            )
-        else:
-            output, finished, self._pending = rollout.lanpo_rollout(
-                self._rows,
-                self._model_io.tokenize(prompts),
-                g,
-                self._model_io,
-                reflection_source=self.args.reflection_source,
-                **common,
-            )
         self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
         self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
         if not self.use_vllm:  # TRL's transformers path has no sampler log-probabilities: rows keep them
@@ -263,7 +239,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         if self._any_process(bool(pending)):  # every process takes part in the generation and the gather
             start = time.perf_counter()
             with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
-                texts = rollout.summarize_apart(self._model_io, pending)
+                texts = summarize_apart(self._model_io, pending)
             self._timer["summarize"] += time.perf_counter() - start
             self._add_summaries(pending, texts)
 
@@ -319,15 +295,16 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
                     self._rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards
                 )
             output["advantages"] = self._local(advantages).to(output["advantages"])
-        if self.args.group_plan(step).feedback:  # feedback planned: the loss treats feedback rows (lanpo.loss_hooks)
+        plan = self._plan
+        loss.with_plan(output, plan, len(rows))
+        if plan.has_feedback:  # the loss treats feedback rows (lanpo.loss)
             self._attach_feedback_inputs(output)
-            if self.args.strips_context() and "importance_sampling_ratio" in output:
-                self._strip_vllm_correction(output)
+            if plan.objective.strips_context and "importance_sampling_ratio" in output:
+                has_feedback = torch.tensor([r.has_feedback for r in rows], device=output["advantages"].device)
+                self._log_sampling(loss.strip_vllm_correction(output, has_feedback))
         self._log_step_metrics(rewards, correct)
         if self.log_completions:  # TRL's completions table logged feedback rows with their plain prompt
-            runlog.real_prompts(
-                self._logs["prompt"], [c for part in gather_object([[r.context for r in rows]]) for c in part]
-            )
+            real_prompts(self._logs["prompt"], [c for part in gather_object([[r.context for r in rows]]) for c in part])
         trials = rollout.choose_trials(
             rows,
             rewards.tolist(),
@@ -360,7 +337,7 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         records = [x for part in gather_object([local]) for x in part]
         values = step_metrics(
             records,
-            self.args.feedback_ratio_at(self.state.global_step),
+            self._plan.feedback_ratio,
             self.pool.stats(),
             self.retriever.stats.as_metrics(),
             self._summary_stats,
@@ -369,6 +346,136 @@ class LanpoTrainer(LossHooks, GRPOTrainer):
         for key, value in values.items():
             self._metrics["train"][key].append(value)
         self.retriever.stats, self._summary_stats, self._step_counts = RetrievalStats(), Counter(), Counter()
+
+    def _attach_feedback_inputs(self, output: dict) -> None:
+        """Mark this step's feedback rows (``lanpo_has_feedback``) for the loss and, when they are trained on the
+        plain prompt, add ``lanpo_context_logps``: π(y|x,c) per completion token of feedback rows (NaN elsewhere),
+        from the sampler; rows a generate function returned no log-probabilities for get one no-grad forward."""
+        rows, device = self._rows, self.accelerator.device
+        output[loss.HAS_FEEDBACK] = torch.tensor([r.has_feedback for r in rows], device=device)
+        if not self._plan.objective.strips_context:
+            return
+        missing = [r.has_feedback and r.sampler_logps is None for r in rows]
+        any_missing = self._any_process(any(missing))  # every process takes part in the fallback forward
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        width = completion_ids.size(1)
+        logps = torch.full(completion_ids.shape, float("nan"), device=device)
+        for i, row in enumerate(rows):
+            if row.has_feedback and row.sampler_logps:
+                values = torch.tensor([float("nan") if v is None else v for v in row.sampler_logps[:width]])
+                logps[i, : len(values)] = values.to(device)
+        if any_missing:
+            ids, mask = left_pad(
+                [r.context_ids if r.context_ids is not None else r.plain_ids for r in rows],
+                self.processing_class.pad_token_id,
+                device,
+            )
+            with torch.no_grad():
+                forward, _, _ = self._get_per_token_logps_and_entropies(
+                    self.model,
+                    torch.cat([ids, completion_ids], 1),
+                    torch.cat([mask, completion_mask], 1),
+                    width,
+                    batch_size=self.args.per_device_train_batch_size,
+                )
+            logps = torch.where(torch.tensor(missing, device=device)[:, None], forward, logps)
+        output[loss.CONTEXT_LOGPS] = logps
+
+    def _log_sampling(self, local: torch.Tensor) -> None:
+        """TRL's ``sampling/*`` values of this step, replaced by those of the correction applied
+        (:func:`lanpo.loss.strip_vllm_correction`), over every process."""
+        metrics = self._metrics["train"]
+        values = self.accelerator.gather(local[None])
+        finite = ~torch.isnan(values)
+        reduce = [torch.min, torch.mean, torch.max, torch.mean, torch.max]
+        names = [
+            "importance_sampling_ratio/min",
+            "importance_sampling_ratio/mean",
+            "importance_sampling_ratio/max",
+            "sampling_logp_difference/mean",
+            "sampling_logp_difference/max",
+        ]
+        for k, (name, op) in enumerate(zip(names, reduce)):
+            column = values[:, k][finite[:, k]]
+            if metrics.get(f"sampling/{name}"):
+                metrics[f"sampling/{name}"][-1] = float(op(column)) if column.numel() else float("nan")
+
+    # -- the loss: TRL's, with LANPO's treatment of feedback rows (lanpo.loss) --------------------------------
+
+    def _prepare_inputs(self, generation_batch):
+        """TRL's, with the step's plan built when a generation starts, and keep-mode micro-batches bucketed by
+        prompt length where the plan says so (else TRL's shuffle and split: p_t = 0 stays GRPO)."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        steps = self.args.steps_per_generation
+        if self._step % (steps * self.num_iterations) == 0 or self._buffered_inputs is None:  # TRL's rule
+            self._plan = self.args.step_plan(self.state.global_step)
+            if self._plan.bucket_by_prompt_length:
+                batch = self._generate_and_score_completions(generation_batch)
+                self._buffered_inputs = loss.bucket_by_prompt_length(batch, steps)
+        if self._plan.bucket_by_prompt_length:
+            return self._buffered_inputs[self._step % steps]
+        return super()._prepare_inputs(generation_batch)
+
+    def _compute_loss(self, model, inputs):
+        capture = loss.capture(inputs)
+        if capture is None:
+            return super()._compute_loss(model, inputs)  # no feedback planned this step: TRL's loss, untouched
+        with self._loss_without_kl(capture):
+            policy_loss = super()._compute_loss(model, capture.inputs)
+        kl = loss.KLSettings(
+            beta=self.beta,
+            bias_corrected=self.args.use_bias_correction_kl,
+            sequence_level=self.args.importance_sampling_level == "sequence",
+        )
+        scale = objective.LossScale(
+            self.args.loss_type,
+            self.current_gradient_accumulation_steps,
+            self.max_completion_length,
+            float(capture.inputs["num_items_in_batch"]),
+            self.accelerator.num_processes,
+            self.args.steps_per_generation,
+        )
+        terms, per_token_kl = loss.feedback_terms(capture, kl, self.args.shaping_gamma, scale)
+        if per_token_kl is not None:
+            self._log_kl(loss.kl_sums(per_token_kl, loss.completion_mask(capture.inputs), capture.feedback))
+        return policy_loss + terms
+
+    @contextmanager
+    def _loss_without_kl(self, capture: loss.LossCapture):
+        """TRL's loss over a captured micro-batch with β = 0: LANPO adds every row's KL itself."""
+        beta = self.beta
+        self._capture = capture
+        self.beta = 0.0
+        try:
+            yield
+        finally:
+            self._capture = None
+            self.beta = beta
+
+    def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        capture = self._capture
+        if capture is not None and capture.logps is None:  # the loss's forward: weights before TRL reads them
+            loss.record_forward(capture, result[0])
+            if capture.context is not None:
+                self._log_strip_weights(loss.reweight(capture, self.args.strip_ratio_clip))
+        return result
+
+    def _log_strip_weights(self, local: torch.Tensor | None) -> None:
+        if local is None:
+            return
+        total = self.accelerator.gather(local[None]).sum(0)
+        if total[1] > 0:
+            self._metrics["train"]["lanpo/strip_weight_mean"].append(float(total[0] / total[1]))
+            self._metrics["train"]["lanpo/strip_weight_clipped"].append(float(total[2] / total[1]))
+
+    def _log_kl(self, local: torch.Tensor) -> None:
+        """``kl`` (every token, as TRL logs it), ``kl/scratch`` and ``kl/feedback``, over every process."""
+        totals = self.accelerator.reduce(local, reduction="sum")
+        for name, k in (("kl", 0), ("kl/scratch", 2), ("kl/feedback", 4)):
+            if totals[k + 1] > 0:
+                self._metrics["train"][name].append(float(totals[k] / totals[k + 1]))
 
     def training_step(self, model, inputs, num_items_in_batch):
         start, rollout_before = time.perf_counter(), self._timer["rollout_total"]

@@ -152,7 +152,7 @@ def config_hash(config: dict) -> str:
 
 def cell_state(grid: Grid, arm: str, seed: int) -> str:
     """complete | changed (done with another config) | resume (a checkpoint to continue) | new."""
-    from lanpo.launch.train import resume_target
+    from lanpo.commands.train import resume_target
 
     run = grid.run_dir(arm, seed)
     done = run / COMPLETE
@@ -171,7 +171,7 @@ def cell_state(grid: Grid, arm: str, seed: int) -> str:
 
 def validate(grid: Grid, cells: list[tuple[str, int]]) -> None:
     """Every cell's config through ``lanpo train``'s own parsing (no model loads): errors name the arm."""
-    from lanpo.launch.train import parse
+    from lanpo.commands.train import parse
 
     written: list[Path] = []  # what this validation created, removed again when a cell is refused
     try:

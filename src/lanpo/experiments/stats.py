@@ -107,7 +107,7 @@ TRAINING = {
 def cell_results(run: Path) -> dict:
     """One finished cell: eval series by step, training seconds by step, mean step time, and the means over its
     training steps of the ``TRAINING`` metrics."""
-    from lanpo.run.runlog import read_metrics, series
+    from lanpo.run.files import read_metrics, series
 
     rows = read_metrics(run)
     evals: dict[str, dict[int, float]] = {}
@@ -390,7 +390,7 @@ def plot_results(grid: Grid, results: dict[str, dict[int, dict]], out: Path) -> 
     metrics = sorted({m for cells in results.values() for c in cells.values() for m in c["evals"]})
     if not metrics:
         return None
-    from lanpo.run.runlog import _plt
+    from lanpo.run.plots import _plt
 
     plt = _plt()
     fig, axes = plt.subplots(len(metrics), 2, figsize=(11, 3.6 * len(metrics)), squeeze=False)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lanpo.run.runlog import plot_compare, read_metrics, series
+from lanpo.run.files import read_metrics, series
+from lanpo.run.plots import plot_compare
 
 PLOT_KEYS = ("accuracy/scratch/mean", "reward/feedback/mean", "reward/scratch/mean", "lanpo/pool_size")
 

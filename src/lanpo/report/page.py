@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
-from lanpo.run.runlog import read_jsonl, read_metrics, reward_is_accuracy
+from lanpo.run.files import read_jsonl, read_metrics, reward_is_accuracy
 
 logger = logging.getLogger(__name__)
 

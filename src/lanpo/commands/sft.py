@@ -1,6 +1,6 @@
 """The SFT seeding stage: supervised fine-tuning on ``lanpo sft-data`` examples with TRL's ``SFTTrainer``.
 
-The examples (``lanpo.launch.sft_data``) teach LANPO's three skills with exactly the prompts training uses:
+The examples (``lanpo.commands.sft_data``) teach LANPO's three skills with exactly the prompts training uses:
 summarizing a trial, reflecting on an ungraded attempt, and solving with lessons of other problems.
 """
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanpo.config import parse_command_line
+from lanpo.commands.args import parse_command_line
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,8 @@ def run_sft(argv: list[str]) -> Path:
     from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
     from lanpo.engine.models import load_tokenizer, resolve_model_path
-    from lanpo.run.runlog import MetricsFileCallback, save_final_model
+    from lanpo.run.files import MetricsFileCallback
+    from lanpo.run.final import save_final_model
 
     defaults = dict(SFT_DEFAULTS, output_dir=f"runs/sft-{time.strftime('%Y%m%d-%H%M%S')}")
     sft_args, model_args, config = parse_command_line((SFTArguments, ModelConfig, SFTConfig), defaults, argv)

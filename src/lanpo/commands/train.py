@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from lanpo.config import LanpoConfig, flag_value, parse_command_line
+from lanpo.commands.args import flag_value, parse_command_line
+from lanpo.config import LanpoConfig
 from lanpo.run import checkpoints
 
 logger = logging.getLogger(__name__)
@@ -417,7 +418,9 @@ def run(argv: list[str]) -> Path:
     from lanpo.data.presets import training_split
     from lanpo.engine.models import check_model_name, load_tokenizer, resolve_model_path, size_cpu_threads
     from lanpo.eval.during_training import load_eval_problems
-    from lanpo.run.runlog import check_writable, model_card, plot_run, push_final_model, save_final_model
+    from lanpo.run.files import check_writable
+    from lanpo.run.final import model_card, push_final_model, save_final_model
+    from lanpo.run.plots import plot_run
     from lanpo.trainer import LanpoTrainer
 
     train_args, model_args, config = parse(argv)  # validation happens here, before any model loads

@@ -1,0 +1,79 @@
+"""A step's plan, decided once: how many rows of each group get which feedback, what triggers it, and how feedback
+rows reach the loss.
+
+The trainer builds one :class:`StepPlan` when a generation batch starts (``LanpoConfig.step_plan``) and carries it
+on the batch; the rollout, the post-rollout steps and the loss read it and nothing recomputes it. The
+``context_in_loss`` string is decoded here, once, into an :class:`Objective`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+# TRL loss types whose total over the micro-batches of one optimizer step does not depend on their composition
+# (bnpo divides by each micro-batch's own token count).
+COMPOSITION_FREE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
+
+# The row kinds a group plan gives feedback to, one per feedback source (lanpo.feedback.registry).
+FEEDBACK_KINDS = ("reflection", "abstraction")
+
+
+class GroupPlan(NamedTuple):
+    """How many rows of a group of G each kind gets."""
+
+    scratch: int
+    reflection: int
+    abstraction: int
+
+    @property
+    def feedback(self) -> int:
+        return self.reflection + self.abstraction
+
+
+def plan_group(g: int, feedback_ratio: float, reflection_share: float) -> GroupPlan:
+    """The rows of a group of ``g`` by kind: round(p_t·g) get feedback (half up)."""
+    feedback = int(feedback_ratio * g + 0.5)
+    reflection = int(feedback * reflection_share + 0.5)
+    return GroupPlan(g - feedback, reflection, feedback - reflection)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """How a feedback row (sampled under x + c) reaches the loss: the ``context_in_loss`` choice, decoded."""
+
+    name: str
+    strips_context: bool  # trained on the plain prompt x (the zero-shot policy), not on x + c
+    strip_weight: str | None = None  # "token" or "sequence": π(y|x)/π(y|x,c) weights the advantages; None: not
+    shaped: bool = False  # feedback rows leave TRL's surrogate for the shaped term f(π) = π/(π+γ)
+
+    @property
+    def keeps_context(self) -> bool:
+        return not self.strips_context
+
+
+OBJECTIVES = {
+    "strip": Objective("strip", strips_context=True, strip_weight="token"),
+    "strip-sequence": Objective("strip-sequence", strips_context=True, strip_weight="sequence"),
+    "shaped": Objective("shaped", strips_context=True, shaped=True),
+    "unweighted": Objective("unweighted", strips_context=True),
+    "keep": Objective("keep", strips_context=False),
+}
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """Everything a step decides before it generates, in one immutable object."""
+
+    step: int
+    feedback_ratio: float  # p_t at this step (after the schedule)
+    group: GroupPlan
+    trigger: str  # "always": every group gets its feedback rows; "unsolved": only groups that fail from scratch
+    trigger_pass_rate: float  # unsolved: a group is triggered at or below this share of right scratch rows
+    objective: Objective
+    bucket_by_prompt_length: bool  # keep: micro-batches sorted by prompt length (lanpo.loss.bucket_by_prompt_length)
+
+    @property
+    def has_feedback(self) -> bool:
+        """Whether any row of this step may get feedback (False: the step is exactly GRPO's)."""
+        return self.group.feedback > 0

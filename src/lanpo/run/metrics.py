@@ -1,0 +1,204 @@
+"""The metrics lanpo logs beside TRL's own: their names and meanings (:data:`METRICS`, the source of
+docs/reference/metrics.md), and the per-step maths that turns a step's rows into them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from lanpo.plan import FEEDBACK_KINDS
+from lanpo.rollout import Row
+
+# Every metric lanpo logs beside TRL's own (`loss`, `reward`, `kl`, `entropy`, `completions/*`, `clip_ratio/*`,
+# ...), with its meaning: docs/reference/metrics.md is generated from it, and a test checks that a run logs no
+# lanpo metric missing here. ``<x>`` stands for a part that varies.
+METRICS: dict[str, str] = {
+    "lanpo/feedback_ratio": "p_t planned for this step (the schedule's value)",
+    "lanpo/feedback_share": "realized p_t: share of rows generated with a feedback context",
+    "lanpo/fallback_share": "share of rows planned as feedback that got the plain prompt",
+    "lanpo/fallback/<reason>": "the same, by reason (no_attempt, no_relevant_entry, ...)",
+    "lanpo/feedback_tokens_per_prompt": "tokens a feedback context added to a prompt, on average",
+    "reward/<kind>/mean": "mean reward of rows of a kind: scratch, feedback, reflection, abstraction",
+    "accuracy/<kind>/mean": "share of rows of a kind whose answer the verifier credits",
+    "completions/truncated/<kind>": "share of scratch / feedback rows that reached their length limit",
+    "lanpo/feedback_lift": "accuracy of feedback rows minus that of the scratch rows of the same groups",
+    "lanpo/all_fail_share": "share of groups in which every row failed (no reward signal but failure; every arm)",
+    "lanpo/triggered_share": "feedback_trigger unsolved: share of groups whose scratch rows all failed",
+    "lanpo/rescued_share": "feedback_trigger unsolved: share of groups where a feedback row is right though "
+    "every scratch row was wrong",
+    "lanpo/rescue_rate": "feedback_trigger unsolved: rescued groups over triggered groups (steps with any)",
+    "lanpo/pool_size": "entries in the experience pool",
+    "lanpo/pool_problems": "problems with at least one entry in the pool",
+    "lanpo/lessons_dropped": "lessons left out of abstraction contexts (stating an answer, talking about grades)",
+    "retrieval/hit_rate": "share of retrievals that found an entry over gamma",
+    "retrieval/relevance_pass_rate": "share of scored candidates whose relevance reached gamma",
+    "retrieval/candidates_per_query": "BM25 candidates scored per retrieval",
+    "summaries/requested": "trials sent to be summarized",
+    "summaries/parse_failures": "summaries that did not parse into principles and pitfalls",
+    "summaries/parse_rate": "summaries that parsed, over those that ended",
+    "summaries/added": "pool entries written this step",
+    "summaries/carried": "summaries cut by the rollouts' length limit, going on in the next batch",
+    "lanpo/strip_weight_mean": "strip / strip-sequence: mean importance weight on feedback tokens",
+    "lanpo/strip_weight_clipped": "strip / strip-sequence: share of feedback tokens whose weight hit the clip",
+    "kl/scratch": "KL estimate over scratch rows' tokens (TRL's k3: the policy's drift from the reference)",
+    "kl/feedback": "KL estimate over feedback rows' tokens (importance-weighted k2 where sampled under a context)",
+    "step_time": "seconds of the optimizer step, rollouts included",
+    "time/<part>": "seconds of the step spent in generate, summarize, retrieve, reward, score, update",
+    "verifier/no_answer_rate": "share of completions with no final answer",
+    "verifier/hedged_rate": "share of completions that state several values (scored 0)",
+    "verifier/timeouts": "answers whose verification ran past the time limit (scored 0)",
+    "eval/<benchmark>/<mode>/mean@<k>": "held-out accuracy during training (eval_every); also _stderr, pass@<k>",
+    "eval/<benchmark>/<mode>/context_rate": "retrieval mode: share of held-out prompts that got a context",
+    "eval/seconds": "seconds one evaluation during training took",
+}
+
+
+def metric_pattern(name: str) -> str:
+    """The METRICS key a logged name belongs to (``reward/scratch/mean`` → ``reward/<kind>/mean``)."""
+    import re
+
+    for key in METRICS:
+        regex = "^" + re.sub(r"<[a-z]+>", "[^/]+", re.escape(key).replace(r"\<", "<").replace(r"\>", ">")) + "$"
+        if re.match(regex, name):
+            return key
+    return ""
+
+
+class RowRecord(NamedTuple):
+    """What step metrics need of one row (small, so every process can gather every row's)."""
+
+    kind: str  # what the plan asked for: scratch | reflection | abstraction
+    has_feedback: bool  # whether it was generated with feedback (a planned one may have fallen back)
+    reward: float
+    correct: bool
+    context_tokens: int  # how many tokens the feedback context added to the prompt
+    fallback: str | None  # why planned feedback fell back to the plain prompt
+    group: str = ""  # which group of G it belongs to (unique in a step over every process)
+    triggered: bool | None = None  # feedback_trigger unsolved: its group failed from scratch (None: always)
+    truncated: bool = False  # its completion reached its length limit
+
+
+def row_record(row: Row, reward: float, correct: bool, group: str = "") -> RowRecord:
+    extra = len(row.context_ids) - len(row.plain_ids) if row.context_ids is not None else 0
+    return RowRecord(
+        row.kind,
+        row.has_feedback,
+        float(reward),
+        bool(correct),
+        extra,
+        row.fallback,
+        group,
+        row.triggered,
+        row.truncated,
+    )
+
+
+def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dict[str, float]:
+    """Planned vs realized feedback, and reward and accuracy by kind, over every process's rows."""
+    planned = [x for x in records if x.kind in FEEDBACK_KINDS]
+    with_feedback = [x for x in records if x.has_feedback]
+    metrics = {
+        "lanpo/feedback_ratio": feedback_ratio,
+        "lanpo/feedback_share": len(with_feedback) / len(records),
+        "lanpo/fallback_share": sum(not x.has_feedback for x in planned) / len(planned) if planned else 0.0,
+    }
+    for reason in sorted({x.fallback for x in planned if not x.has_feedback}):  # why planned feedback fell back
+        metrics[f"lanpo/fallback/{reason or 'unknown'}"] = sum(
+            x.fallback == reason and not x.has_feedback for x in planned
+        ) / len(planned)
+    if with_feedback:
+        metrics["lanpo/feedback_tokens_per_prompt"] = sum(x.context_tokens for x in with_feedback) / len(with_feedback)
+    groups = {
+        "feedback": with_feedback,
+        "scratch": [x for x in records if not x.has_feedback],
+        "reflection": [x for x in with_feedback if x.kind == "reflection"],
+        "abstraction": [x for x in with_feedback if x.kind == "abstraction"],
+    }
+    for name, part in groups.items():
+        if part:
+            metrics[f"reward/{name}/mean"] = sum(x.reward for x in part) / len(part)
+            metrics[f"accuracy/{name}/mean"] = sum(x.correct for x in part) / len(part)
+    for name in ("scratch", "feedback"):
+        if groups[name]:
+            metrics[f"completions/truncated/{name}"] = sum(x.truncated for x in groups[name]) / len(groups[name])
+    metrics.update(lift_and_trigger_metrics(records))
+    return metrics
+
+
+def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
+    """``lanpo/all_fail_share``: groups in which every row failed (GRPO learns nothing from them but a KL pull).
+    ``lanpo/feedback_lift``: accuracy of feedback rows minus that of the scratch rows of the same groups
+    (groups holding both kinds; absent where no group holds both). Under feedback_trigger unsolved, at every step
+    ``lanpo/triggered_share`` (groups that failed from scratch) and ``lanpo/rescued_share`` (groups where a
+    feedback row is right though every scratch row was wrong), and ``lanpo/rescue_rate`` (rescued over triggered
+    groups) where any group was triggered."""
+    by_group: dict[str, list[RowRecord]] = {}
+    for x in records:
+        by_group.setdefault(x.group, []).append(x)
+    mixed = [
+        rows
+        for rows in by_group.values()
+        if any(x.has_feedback for x in rows) and not all(x.has_feedback for x in rows)
+    ]
+    metrics: dict[str, float] = {
+        "lanpo/all_fail_share": sum(not any(x.correct for x in rows) for rows in by_group.values()) / len(by_group)
+    }
+    if mixed:
+        feedback = [x.correct for rows in mixed for x in rows if x.has_feedback]
+        scratch = [x.correct for rows in mixed for x in rows if not x.has_feedback]
+        metrics["lanpo/feedback_lift"] = sum(feedback) / len(feedback) - sum(scratch) / len(scratch)
+    if any(x.triggered is not None for x in records):
+        triggered = [rows for rows in by_group.values() if rows[0].triggered]
+        rescued = sum(any(x.has_feedback and x.correct for x in rows) for rows in triggered)
+        metrics["lanpo/triggered_share"] = len(triggered) / len(by_group)
+        metrics["lanpo/rescued_share"] = rescued / len(by_group)  # of all groups: 0 when none was triggered
+        if triggered:
+            metrics["lanpo/rescue_rate"] = rescued / len(triggered)
+    return metrics
+
+
+def step_metrics(
+    records: Sequence[RowRecord],
+    feedback_ratio: float,
+    pool_stats: dict,
+    retrieval: dict[str, float],
+    summaries: dict,
+    counts: dict,
+) -> dict[str, float]:
+    """Every lanpo metric of one step: feedback, pool, retrieval, summary parsing."""
+    metrics = {
+        **feedback_metrics(records, feedback_ratio),
+        "lanpo/pool_size": float(pool_stats["entries"]),
+        "lanpo/pool_problems": float(pool_stats["problems"]),
+        **retrieval,
+        "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0)),
+    }
+    if summaries.get("requested"):
+        failed = summaries.get("parse_failed", 0)
+        metrics.update(
+            {
+                "summaries/requested": float(summaries["requested"]),
+                "summaries/parse_failures": float(failed),
+                "summaries/parse_rate": (summaries["requested"] - failed) / summaries["requested"],
+                "summaries/added": float(summaries.get("parsed", 0)),
+            }
+        )
+    if "carried" in summaries:
+        metrics["summaries/carried"] = float(summaries["carried"])  # not ended yet: they go on in the next batch
+    return metrics  # strip weights are logged where they are applied, in the loss (lanpo.loss)
+
+
+def real_prompts(logged: list, contexts: list) -> None:
+    """Put each feedback row's real prompt (its context) into TRL's completions-table prompts, paired from the
+    newest: TRL logs every row with its plain prompt."""
+    for k, context in zip(range(len(logged) - 1, -1, -1), reversed(contexts)):
+        logged[k] = context if context is not None else logged[k]
+
+
+def time_metrics(timer: dict) -> dict[str, float]:
+    """Seconds per phase of one step: generate, summarize, retrieve, reward (verification), update (loss forward,
+    backward, optimizer) and ``time/score``, the rest of the rollout (reference and old log-probabilities)."""
+    phases = ("generate", "summarize", "retrieve", "reward")
+    metrics = {f"time/{key}": float(timer.get(key, 0.0)) for key in (*phases, "update")}
+    rest = timer.get("rollout_total", 0.0) - sum(timer.get(k, 0.0) for k in phases)
+    return {**metrics, "time/score": max(0.0, rest)}
