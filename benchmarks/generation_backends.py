@@ -27,9 +27,8 @@ import time
 def eval_arm(backend: str) -> dict:
     import torch
 
-    from lanpo.cli import load_for_generation
     from lanpo.data.loaders import builtin_arith
-    from lanpo.engine.generation import generate
+    from lanpo.engine.generation import generate, load_for_generation
     from lanpo.prompts import solve_messages
 
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"

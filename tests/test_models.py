@@ -63,7 +63,7 @@ def test_embedded_default_converts_once_then_loads_fast_and_generates():
 def test_answers_are_graded_leniently_only_for_the_embedded_model():
     """One rule for every command that grades (sft-data, eval, the SFT parse-rate benchmark): the embedded model
     rarely boxes its answer, every other model is held to the final \\boxed{}."""
-    from lanpo.cli import _extraction
+    from lanpo.commands.args import extraction as _extraction
 
     assert all(default_extraction(name) == "lenient" for name in EMBEDDED_MODELS)
     assert default_extraction("Qwen/Qwen2.5-7B-Instruct") == "strict"

@@ -3,7 +3,154 @@ the value types of argparse flags, and the checks that name a bad value before a
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
 from types import UnionType as _UnionType
+
+# -- argument types: a bad value is refused while parsing, naming the flag and the value, before any model loads --
+
+
+def at_least(minimum: float, kind=int):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    return parse
+
+
+def unit_interval(text: str) -> float:
+    value = at_least(0.0, float)(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A probability mass to keep, in (0, 1] (``--top-p 0`` would keep nothing)."""
+    value = float(text) if text.replace(".", "", 1).replace("e-", "", 1).isdigit() else None
+    if value is None or not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def new_path(kind: str):
+    """An output path that is not already a thing of the other kind (a file where a folder goes, or the reverse)."""
+
+    def parse(text: str) -> str:
+        path = Path(text)
+        if kind == "dir" and path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a file; name a directory")
+        if kind == "file" and path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} is a directory; name a file")
+        if kind == "file" and path.parent.exists() and not path.parent.is_dir():
+            raise argparse.ArgumentTypeError(f"{path.parent} is a file, so {text} cannot be created")
+        return text
+
+    return parse
+
+
+def eval_modes(text: str) -> list[str]:
+    from lanpo.eval.evaluate import MODES
+
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"unknown mode(s) {unknown or text!r}; choose from {', '.join(MODES)}")
+    return modes
+
+
+def skill_mix(text: str) -> list[float]:
+    try:
+        mix = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected three numbers like 1,1,1, got {text!r}") from None
+    if len(mix) != 3 or any(m < 0 for m in mix) or not sum(mix):
+        raise argparse.ArgumentTypeError(f"needs three non-negative shares (summarize,reflect,feedback), got {text!r}")
+    return mix
+
+
+# -- flags several commands share ---------------------------------------------------------------------------
+
+
+def data_field_args(p) -> None:
+    p.add_argument("--data-dir", help="read presets and benchmarks from local files here (e.g. ../shared/data)")
+    p.add_argument("--split", help="dataset split (default: eval the preset's own, sft-data its train split)")
+    p.add_argument("--problem-field", help="field holding the problem text (default: problem/question/prompt)")
+    p.add_argument("--answer-field", help="field holding the answer (default: answer/final_answer/solution)")
+    p.add_argument("--id-field", help="field holding a problem id (default: id/unique_id/idx; else the row number)")
+    p.add_argument(
+        "--problem-template",
+        help='build the problem from several fields, e.g. "{Body} {Question}" (field names match case-insensitively)',
+    )
+    p.add_argument(
+        "--answer-format",
+        choices=["plain", "gsm8k", "boxed"],
+        help="how answers are written: plain, gsm8k ('#### N'), boxed (last \\boxed{} of a solution)",
+    )
+
+
+def backend_arg(p) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["auto", "hf", "vllm"],
+        default="auto",
+        help="generation engine: hf (transformers generate), vllm, or auto (default: vllm when installed)",
+    )
+
+
+def extraction_arg(p) -> None:
+    p.add_argument(
+        "--extraction",
+        choices=["strict", "lenient"],
+        help="answer extraction: strict (the final \\boxed{} only) or lenient (else 'the answer is X', else "
+        "the last number not copied from the problem); default: lenient for the embedded "
+        "smollm2-135m, which rarely boxes, strict for every other model",
+    )
+
+
+def extraction(choice: str | None, model: str) -> str:
+    from lanpo.engine.models import default_extraction
+
+    return choice or default_extraction(model)
+
+
+def field_kwargs(args) -> dict:
+    return {
+        "data_dir": args.data_dir,
+        "problem_field": args.problem_field,
+        "answer_field": args.answer_field,
+        "id_field": args.id_field,
+        "answer_format": args.answer_format,
+        "problem_template": args.problem_template,
+    }
+
+
+def model_path(name: str) -> str:
+    """A run directory evaluates its final model (``RUN/final``) when given instead of a model."""
+    path = Path(name)
+    if (path / "final" / "config.json").is_file():
+        return str(path / "final")
+    return name
+
+
+def model_alias(argv: list[str]) -> list[str]:
+    """``--model M`` is accepted for TRL's ``--model_name_or_path M``."""
+    return [
+        "--model_name_or_path"
+        if a == "--model"
+        else a.replace("--model=", "--model_name_or_path=", 1)
+        if a.startswith("--model=")
+        else a
+        for a in argv
+    ]
+
+
+# -- TRL's parser, for train and sft --------------------------------------------------------------------------
 
 
 def flag_value(argv: list[str], name: str) -> str | None:

@@ -12,7 +12,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanpo.commands.args import parse_command_line
+from lanpo.commands.args import model_alias, parse_command_line
+from lanpo.commands.common import end_distributed
 
 logger = logging.getLogger(__name__)
 
@@ -91,3 +92,17 @@ def run_sft(argv: list[str]) -> Path:
     if trainer.accelerator.is_main_process:
         logger.info("SFT model saved to %s (train with: lanpo train --model_name_or_path %s)", final, final)
     return final
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+
+
+def add_parser(sub, name: str, help: str) -> None:
+    """Every field is TRL's parser's (SFTArguments, ModelConfig, SFTConfig): the rest of the command line goes there."""
+    sub.add_parser(name, add_help=False, help=help).set_defaults(func=command, accepts_rest=True)
+
+
+def command(args) -> int:
+    run_sft(model_alias(getattr(args, "rest", [])))
+    end_distributed()
+    return 0

@@ -33,6 +33,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lanpo.commands.args import (
+    at_least,
+    backend_arg,
+    data_field_args,
+    extraction,
+    extraction_arg,
+    field_kwargs,
+    model_path,
+    new_path,
+    skill_mix,
+)
 from lanpo.data.loaders import Problem
 from lanpo.engine.generation import GenerateFn
 from lanpo.feedback import LABEL_TALK, build_abstraction_prompt, build_reflection_prompt
@@ -432,3 +443,89 @@ def _solve_skill(
             reason = gate(i, example)
             example = None if reason else example
         record(p, skill, example, reason, shown_right=shown_right[i] if shown_right is not None else None)
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+
+
+def add_parser(sub, name: str, help: str) -> None:
+    p = sub.add_parser(
+        name,
+        help=help,
+        description="Build chat-format examples of LANPO's three skills from problems in --data, "
+        "with a teacher model; answers are kept only when they verify (rejection "
+        "sampling), summaries only when they parse. Resumable.",
+    )
+    p.add_argument(
+        "--teacher",
+        default="smollm2-135m",
+        help="teacher model: hub id, local dir, .gguf, smollm2-135m (the policy itself), or the model "
+        "name served at --teacher-url",
+    )
+    p.add_argument("--teacher-url", help="OpenAI-compatible endpoint (e.g. http://localhost:8000/v1 of a vLLM server)")
+    p.add_argument("--api-key", help="bearer token for --teacher-url")
+    p.add_argument("--data", default="builtin:arith", help="problems to build examples from (any data spec)")
+    data_field_args(p)
+    p.add_argument("--limit", type=at_least(1), help="use only the first N problems")
+    p.add_argument("--out", required=True, type=new_path("file"), help="output JSONL (appended to; resumable)")
+    p.add_argument("--n", type=at_least(1), default=3000, help="examples to build in all (default 3000)")
+    p.add_argument(
+        "--mix", type=skill_mix, default=[1.0, 1.0, 1.0], help="shares of summarize,reflect,feedback (default 1,1,1)"
+    )
+    p.add_argument("--tries", type=at_least(1), default=4, help="teacher tries, then the example drops (default 4)")
+    p.add_argument("--batch-size", type=at_least(1), default=16, help="problems per round (default 16)")
+    p.add_argument("--temperature", type=at_least(0.0, float), default=0.7)
+    p.add_argument("--max-new-tokens", type=at_least(1), default=384)
+    extraction_arg(p)
+    backend_arg(p)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=command)
+
+
+def command(args) -> int:
+    from lanpo.data.loaders import load_problems
+    from lanpo.data.presets import training_split
+    from lanpo.run.files import check_writable
+    from lanpo.verify.rewards import MathVerifier
+
+    mix = args.mix
+    problems = load_problems(
+        args.data, split=training_split(args.data, args.split), limit=args.limit, **field_kwargs(args)
+    )
+    check_writable(Path(args.out).parent, "--out's folder")  # before the teacher loads
+    if args.teacher_url:
+        teacher = EndpointTeacher(
+            args.teacher_url,
+            args.teacher,
+            temperature=args.temperature,
+            max_tokens=args.max_new_tokens,
+            api_key=args.api_key,
+        )
+    else:
+        import torch
+
+        from lanpo.engine.generation import HFGenerator, load_for_generation
+
+        torch.manual_seed(args.seed)
+        model, tokenizer = load_for_generation(model_path(args.teacher), args.backend, seed=args.seed)
+        teacher = HFGenerator(
+            model, tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=32
+        )
+    with MathVerifier(extraction=extraction(args.extraction, args.teacher)) as verifier:
+        report = build_sft_data(
+            problems,
+            teacher,
+            args.out,
+            n=args.n,
+            mix=mix,
+            tries=args.tries,
+            batch_size=args.batch_size,
+            verifier=verifier,
+            teacher_name=args.teacher,
+            seed=args.seed,
+        )
+    summary = report.as_dict()
+    Path(args.out + ".report.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    print(f"Examples: {args.out} (report: {args.out}.report.json)")
+    return 0

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import yaml
 
-from lanpo.commands.args import flag_value, parse_command_line
+from lanpo.commands.args import flag_value, model_alias, parse_command_line
+from lanpo.commands.common import end_distributed
 from lanpo.config import LanpoConfig
 from lanpo.run import checkpoints
 
@@ -515,3 +516,23 @@ def run(argv: list[str]) -> Path:
             push_final_model(final, config.hub_model_id or run_dir.name, config.hub_private_repo)
     trainer.verifier.close()
     return run_dir
+
+
+# -- the command line ----------------------------------------------------------------------------------------
+
+
+def add_parser(sub, name: str, help: str) -> None:
+    """Every field is TRL's parser's (:func:`parse`): the rest of the command line goes there untouched."""
+    sub.add_parser(name, add_help=False, help=help).set_defaults(func=command, accepts_rest=True)
+
+
+def command(args) -> int:
+    rest = getattr(args, "rest", [])
+    if "--help-all" in rest:
+        help_parser().print_help()
+    elif "-h" in rest or "--help" in rest:
+        print(train_help())
+    else:
+        run(model_alias(rest))
+        end_distributed()
+    return 0

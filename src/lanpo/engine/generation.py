@@ -374,3 +374,13 @@ class HFGenerator:
         """The reply to each prompt (a prefilled reply includes its prefilled start)."""
         samples = generate(self.model, self.tokenizer, prompts, **self.settings)
         return [with_prefill(p, s[0].text) for p, s in zip(prompts, samples)]
+
+
+def load_for_generation(name: str, backend: str, dtype: str = "auto", device: str | None = None, seed: int = 0):
+    """``(model, tokenizer)`` for generation: a transformers model, or a vLLM ``LLM`` (``--backend``)."""
+    from lanpo.engine.models import load_model, load_tokenizer, resolve_model_path
+
+    if backend == "vllm" or (backend == "auto" and vllm_available()):
+        path = resolve_model_path(name)
+        return load_vllm(path, dtype=dtype, seed=seed), load_tokenizer(path)
+    return load_model(name, dtype=dtype, device=device)
