@@ -61,6 +61,9 @@ docs: $(STAMP)
 	$(PY) docs/generate.py
 
 lint: $(STAMP)
+	@if command -v npx >/dev/null 2>&1; then \
+		npx --yes prettier@3 --check src/lanpo/report/static/report.js src/lanpo/report/static/report.css; \
+	else echo "npx not found: the report's JavaScript and CSS (formatted with prettier, .prettierrc.json) not checked"; fi
 	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m ruff check src tests benchmarks
 

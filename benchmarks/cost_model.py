@@ -5,9 +5,8 @@ one summary per group, reflection on stored attempts (``reflection_source auto``
 (a reference forward), vLLM generation with TRL's importance-sampling correction (an old-log-prob forward).
 
 Counted (with the SmolLM2 tokenizer as a stand-in for Qwen's; both are BPE over similar vocabularies): the plain
-prompt of MATH500 problems; the reflection prompt with an attempt (MATH500 reference solutions run together) clipped as lanpo
-clips it (2,000 characters); the
-abstraction prompt with ``retrieval_top_k`` = 3 entries of 3 principles and 3 pitfalls built from MATH500
+prompt of MATH500 problems; the reflection prompt with an attempt (MATH500 reference solutions run together)
+clipped as lanpo clips it (2,000 characters); the abstraction prompt with ``retrieval_top_k`` = 3 entries of 3 principles and 3 pitfalls built from MATH500
 solution sentences; the summary prompt of a clipped trial; the LLM judge's relevance prompt (16 candidates per group
 with abstraction rows). Assumed, not counted: the mean completion length L (``--completion``), the summary reply
 length (``--summary``).

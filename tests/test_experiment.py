@@ -70,7 +70,8 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
     assert rows and rows[0].count("[2]") == 3, rows  # grpo, lanpo and lanpo − grpo, each over 2 seeds
     assert "| grpo | feedback_ratio=0.0 | 2/2 |" in table
     assert (
-        "| s/step | feedback share (realized p_t) | summary parse rate | all-fail groups | train reward, scratch rows | "
+        "| s/step | feedback share (realized p_t) | summary parse rate | all-fail groups | "
+        "train reward, scratch rows | "
         "train reward, feedback rows |"
     ) in table
     assert (out / "results.png").stat().st_size > 0

@@ -150,9 +150,12 @@ def test_no_feedback_context_talks_about_grades_or_states_an_answer(gold, attemp
 @pytest.mark.parametrize(
     "text",
     [
-        "FLOW OF THOUGHT: add then check.\nPRINCIPLES:\n- add the ones first\n- keep digits aligned\nPITFALLS:\n- no carry",
-        "## Flow of Thought\nAdd.\n## Principles\n1. add the ones first\n2. keep digits aligned\n## Pitfalls\n* no carry",
-        "**Flow of thought:** add\n**Key principles:**\n- add the ones first\n**Common pitfalls:**\n- forgetting the carry",
+        "FLOW OF THOUGHT: add then check.\nPRINCIPLES:\n- add the ones first\n- keep digits aligned\n"
+        "PITFALLS:\n- no carry",
+        "## Flow of Thought\nAdd.\n## Principles\n1. add the ones first\n2. keep digits aligned\n"
+        "## Pitfalls\n* no carry",
+        "**Flow of thought:** add\n**Key principles:**\n- add the ones first\n"
+        "**Common pitfalls:**\n- forgetting the carry",
         "Principles: add the ones first.\nPitfalls: forgetting the carry.",
         '{"flow_of_thought": "add", "principles": ["add the ones first"], "pitfalls": ["no carry"]}',
         "Sure! Here is my summary.\n\nPRINCIPLES:\n- add the ones first\n\nMistakes to avoid:\n- no carry\n",
@@ -243,7 +246,8 @@ def test_real_gsm8k_contexts_show_no_gold_no_reward_and_only_lessons_of_other_pr
 
     problems = load_problems("gsm8k", data_dir=shared_data, limit=40)
     target, others = problems[0], problems[1:]
-    wrong = f"Let me compute step by step. The total is {int(float(target.answer)) + 1}. \\boxed{{{int(float(target.answer)) + 1}}}"
+    off_by_one = int(float(target.answer)) + 1
+    wrong = f"Let me compute step by step. The total is {off_by_one}. \\boxed{{{off_by_one}}}"
     reflection = build_reflection_prompt(target.problem, [wrong]).messages[0]["content"]
     assert wrong in reflection
     outside = reflection.replace(wrong, "").replace(target.problem, "")

@@ -370,7 +370,8 @@ def test_the_browser_helper_runs_in_a_fresh_process_whose_own_pipes_take_fds_3_a
     page.write_text('<html><body data-tab="x"><p id="p">hello</p></body></html>')
     code = (
         f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom helpers.browser import Browser\n"
-        f"with Browser() as b:\n    b.open({page.as_uri()!r})\n    print(b.js(\"document.getElementById('p').textContent\"))"
+        f"with Browser() as b:\n    b.open({page.as_uri()!r})\n"
+        "    print(b.js(\"document.getElementById('p').textContent\"))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "hello", done.stderr[-2000:]

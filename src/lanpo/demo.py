@@ -91,7 +91,8 @@ def show_method(run: Path, width: int = 600) -> str:
 
     lines = ["", "== What the policy wrote into its experience pool =="]
     pool = ExperiencePool(run / "pool.sqlite", readonly=True)
-    entries, stats = pool.entries(), pool.stats()
+    entries = pool.entries()
+    stats = pool.stats()
     pool.close()
     if entries:
         e = entries[-1]

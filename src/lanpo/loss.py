@@ -27,7 +27,9 @@ from lanpo import objective
 from lanpo.plan import StepPlan
 
 # The keys a step's batch carries for the loss, besides TRL's own.
-PLAN, HAS_FEEDBACK, CONTEXT_LOGPS = "lanpo_plan", "lanpo_has_feedback", "lanpo_context_logps"
+PLAN = "lanpo_plan"
+HAS_FEEDBACK = "lanpo_has_feedback"
+CONTEXT_LOGPS = "lanpo_context_logps"
 
 
 def with_plan(batch: dict[str, Any], plan: StepPlan, rows: int) -> None:
@@ -47,7 +49,8 @@ def bucket_by_prompt_length(batch: dict[str, Any], num_chunks: int) -> list[dict
     each cut to its longest prompt and longest completion. Scalars are shared; lists are split like tensors."""
     lengths = batch["prompt_mask"].sum(1)
     order = torch.argsort(lengths.cpu(), descending=True, stable=True)
-    size, width = len(order) // num_chunks, batch["completion_mask"].size(1)
+    size = len(order) // num_chunks
+    width = batch["completion_mask"].size(1)
     chunks = []
     for c in range(num_chunks):
         idx = order[c * size : (c + 1) * size]
@@ -110,7 +113,9 @@ def reweight(capture: LossCapture, clip: float) -> torch.Tensor | None:
     """Feedback rows' advantages as the plan's objective wants them, computed from π_old(y|x) and the sampler's
     π(y|x,c) (before TRL's loss reads them). Returns this process's (sum of weights, weighted tokens, clipped
     tokens) where weights were applied, else None."""
-    inputs, context, chosen = capture.inputs, capture.context, capture.plan.objective
+    inputs = capture.inputs
+    context = capture.context
+    chosen = capture.plan.objective
     mask = inputs["completion_mask"]
     capture.kl_weights = objective.strip_weights(capture.old, context, mask, clip)
     if chosen.shaped:  # its own term in feedback_terms; TRL's surrogate sees no advantage on these rows

@@ -179,7 +179,8 @@ def _heading(line: str) -> tuple[str, str] | None:
         match = pattern.match(bare)
         if not match:
             continue
-        colon, rest = match.group("colon"), match.group("rest").strip()
+        colon = match.group("colon")
+        rest = match.group("rest").strip()
         if not colon and rest:
             continue  # "Planning the steps ..." is a sentence, not a heading
         if listed and (loose or not colon):
@@ -206,7 +207,8 @@ def _items(block: str) -> list[str]:
 
 
 def _from_json(text: str) -> Summary | None:
-    start, end = text.find("{"), text.rfind("}")  # the outermost object, found in linear time
+    start = text.find("{")  # the outermost object, found in linear time
+    end = text.rfind("}")
     if start < 0 or end <= start:
         return None
     try:

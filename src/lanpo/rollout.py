@@ -249,9 +249,11 @@ def unsolved_rollout(
     context cannot be built keeps its scratch completion (a fallback, counted). Groups that solve the problem get
     no feedback.
     """
-    plan, timer = context.plan.group, context.timer
+    plan = context.plan.group
+    timer = context.timer
     for row, ids in zip(rows, plain_ids):
-        row.kind, row.plain_ids = "scratch", ids
+        row.kind = "scratch"
+        row.plain_ids = ids
     with _timed(timer, "generate"):
         summaries = _generate(model, rows, [summary_input(model, t) for t in context.pending], list(range(len(rows))))
     finished, carried = continue_summaries(model, context.pending, summaries)

@@ -115,7 +115,9 @@ def continue_summaries(
     """Append each trial's new tokens to its summary (cut at ``summary_max_length``); ``(finished (trial, text),
     carried)``: a summary has finished at an end-of-sequence token, at its limit, or when a completion stopped
     short of the generation's limit; the others are carried to the next batch (``final``: none is)."""
-    limit, finished, carried = model.summary_max_length, [], []
+    limit = model.summary_max_length
+    finished = []
+    carried = []
     for trial, new in zip(pending, completions):
         trial.summary_ids = (trial.summary_ids + list(new))[:limit]
         stopped = not new or new[-1] in model.stop_ids or len(new) < (model.max_new_tokens or 0)

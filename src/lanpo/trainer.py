@@ -89,7 +89,8 @@ class LanpoTrainer(GRPOTrainer):
                 rollout_func=self._rollout,
             )
         vllm_cpu.use_reload_weights(self)
-        self.run_dir, main = Path(args.output_dir), self.accelerator.is_main_process
+        self.run_dir = Path(args.output_dir)
+        main = self.accelerator.is_main_process
         if main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             (self.run_dir / "config.json").write_text(args.to_json_string())
@@ -134,7 +135,8 @@ class LanpoTrainer(GRPOTrainer):
         self._capture: loss.LossCapture | None = None  # the micro-batch inside TRL's loss, on steps with feedback
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
-        self._batch_inputs, self._rewards_per_func = None, None
+        self._batch_inputs = None
+        self._rewards_per_func = None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
         if args.eval_every:
@@ -202,7 +204,9 @@ class LanpoTrainer(GRPOTrainer):
             output = self._plain_rollout(prompts, g)
             self._timer["generate"] += time.perf_counter() - start
             for row, ids, plain in zip(self._rows, output["completion_ids"], output["prompt_ids"]):
-                row.completion_ids, row.plain_ids, row.text = list(ids), list(plain), self._model_io.decode(ids)
+                row.completion_ids = list(ids)
+                row.plain_ids = list(plain)
+                row.text = self._model_io.decode(ids)
             return output
         self._rows = rollout.make_rows(inputs, g, plan.group)
         context = rollout.StepContext(plan, self.feedback_sources, self._pending, self._timer, self._step_counts)
@@ -260,7 +264,8 @@ class LanpoTrainer(GRPOTrainer):
         return rewards
 
     def _generate_and_score_completions(self, inputs):
-        self._batch_inputs, self._rows = inputs, None
+        self._batch_inputs = inputs
+        self._rows = None
         start = time.perf_counter()
         output = super()._generate_and_score_completions(inputs)
         if self.model.training and self._rows is not None:
@@ -274,7 +279,9 @@ class LanpoTrainer(GRPOTrainer):
         return tensor[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
 
     def _after_rollouts(self, output: dict) -> None:
-        rows, step, g = self._rows, self.state.global_step, self.num_generations
+        rows = self._rows
+        step = self.state.global_step
+        g = self.num_generations
         rewards, correct = (
             t.cpu()
             for t in objective.totals(self._local(self._rewards_per_func), self.reward_weights, self._accuracy_index)
@@ -324,7 +331,8 @@ class LanpoTrainer(GRPOTrainer):
             write_retrievals(self.run_dir / "retrievals.jsonl", rows, step, g)
 
     def _log_step_metrics(self, rewards: torch.Tensor, correct: torch.Tensor) -> None:
-        g, rank = self.num_generations, self.accelerator.process_index
+        g = self.num_generations
+        rank = self.accelerator.process_index
         for row in self._rows:
             limit = self.feedback_limit if row.has_feedback else self.max_completion_length
             row.truncated = len(row.completion_ids) >= limit and not set(row.completion_ids[-1:]) & set(
@@ -345,13 +353,16 @@ class LanpoTrainer(GRPOTrainer):
         )
         for key, value in values.items():
             self._metrics["train"][key].append(value)
-        self.retriever.stats, self._summary_stats, self._step_counts = RetrievalStats(), Counter(), Counter()
+        self.retriever.stats = RetrievalStats()
+        self._summary_stats = Counter()
+        self._step_counts = Counter()
 
     def _attach_feedback_inputs(self, output: dict) -> None:
         """Mark this step's feedback rows (``lanpo_has_feedback``) for the loss and, when they are trained on the
         plain prompt, add ``lanpo_context_logps``: π(y|x,c) per completion token of feedback rows (NaN elsewhere),
         from the sampler; rows a generate function returned no log-probabilities for get one no-grad forward."""
-        rows, device = self._rows, self.accelerator.device
+        rows = self._rows
+        device = self.accelerator.device
         output[loss.HAS_FEEDBACK] = torch.tensor([r.has_feedback for r in rows], device=device)
         if not self._plan.objective.strips_context:
             return
@@ -478,7 +489,8 @@ class LanpoTrainer(GRPOTrainer):
                 self._metrics["train"][name].append(float(totals[k] / totals[k + 1]))
 
     def training_step(self, model, inputs, num_items_in_batch):
-        start, rollout_before = time.perf_counter(), self._timer["rollout_total"]
+        start = time.perf_counter()
+        rollout_before = self._timer["rollout_total"]
         loss = super().training_step(model, inputs, num_items_in_batch)
         self._timer["update"] += time.perf_counter() - start - (self._timer["rollout_total"] - rollout_before)
         if self._step % self.current_gradient_accumulation_steps == 0:
@@ -494,7 +506,8 @@ class LanpoTrainer(GRPOTrainer):
         return str(Path(run_dir) / checkpoints.STAGING) if self._staging else run_dir
 
     def _save_checkpoint(self, model, trial):
-        run_dir, name = Path(self._get_output_dir(trial)), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        run_dir = Path(self._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
         with checkpoints.save_failures_named(run_dir, name):  # a full disk is named, the half-written save removed
             self._staging = True
             try:

@@ -22,7 +22,8 @@ def load_sft_dataset(path: str | Path):
     """The prompt/completion columns of an sft-data file as a ``datasets.Dataset`` (bad lines skipped)."""
     import datasets
 
-    rows, skipped = [], 0
+    rows = []
+    skipped = 0
     for line in Path(path).read_text().splitlines():
         try:
             ex = json.loads(line)

@@ -81,8 +81,13 @@ class EndpointTeacher:
         api_key: str | None = None,
     ) -> None:
         self.url = url.rstrip("/") + ("" if url.rstrip("/").endswith("/chat/completions") else "/chat/completions")
-        self.model, self.temperature, self.max_tokens = model, temperature, max_tokens
-        self.concurrency, self.retries, self.timeout, self.api_key = concurrency, retries, timeout, api_key
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.concurrency = concurrency
+        self.retries = retries
+        self.timeout = timeout
+        self.api_key = api_key
         self.failures = 0
 
     def _one(self, messages: Messages) -> str:
@@ -139,7 +144,8 @@ class ShownBalance:
     kept: Counter = field(default_factory=Counter)
 
     def admits(self, right: bool) -> bool:
-        total, kept = sum(self.candidates.values()), sum(self.kept.values()) + 1
+        total = sum(self.candidates.values())
+        kept = sum(self.kept.values()) + 1
         return self.kept[right] + 1 <= -(-self.candidates[right] * kept // total) if total else True
 
     def as_dict(self) -> dict:
@@ -207,7 +213,8 @@ def build_sft_data(
     out.parent.mkdir(parents=True, exist_ok=True)
     progress_file = out.with_name(out.name + ".progress.jsonl")
     quota = {s: round(n * m / sum(mix)) for s, m in zip(SKILLS, mix)}
-    report, done = BuildReport(), set()
+    report = BuildReport()
+    done = set()
     summaries = ExperiencePool()  # the summaries made so far feed the feedback skill
     if out.exists():
         for line in out.read_text().splitlines():

@@ -94,7 +94,8 @@ class SampledLogprobs:
         if self._previous is not None:  # input_ids now end with the token drawn from the previous scores
             self._values.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
         raw = self._raw if self._raw is not None and self._raw.shape == scores.shape else scores
-        self._previous, self._raw = torch.log_softmax(raw.float() / self.temperature, dim=-1), None
+        self._previous = torch.log_softmax(raw.float() / self.temperature, dim=-1)
+        self._raw = None
         return scores
 
     def finish(self, sequences: torch.Tensor) -> torch.Tensor:
@@ -140,7 +141,8 @@ def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     when nothing is saved or the model's cache is not plain full attention (then ``generate`` prefills as usual)."""
     from transformers import DynamicCache
 
-    lengths, width = attention_mask.sum(1), input_ids.size(1)
+    lengths = attention_mask.sum(1)
+    width = input_ids.size(1)
     short = lengths <= width // 2
     if width < 16 or not bool(short.any()) or bool(short.all()):
         return None
@@ -361,7 +363,8 @@ class HFGenerator:
         batch_size: int = 32,
         progress: bool | str = False,
     ) -> None:
-        self.model, self.tokenizer = model, tokenizer
+        self.model = model
+        self.tokenizer = tokenizer
         self.settings = {
             "temperature": temperature,
             "top_p": top_p,

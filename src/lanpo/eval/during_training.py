@@ -49,7 +49,8 @@ def load_eval_problems(specs: str | None, limit: int | None, data_dir: str | Non
         raise ValueError(
             "eval_every > 0 needs eval_benchmarks (the held-out problems), e.g. math500 or builtin:arith?split=test."
         )
-    problems, listed = {}, split_specs(specs)
+    problems = {}
+    listed = split_specs(specs)
     for spec in listed:
         name = benchmark_name(spec)
         if name in problems:
@@ -79,7 +80,8 @@ class TrainingEval(TrainerCallback):
     """Added by ``LanpoTrainer`` when ``eval_every > 0``."""
 
     def __init__(self, trainer, problems: dict[str, list[Problem]]) -> None:
-        self.trainer, self.problems = trainer, problems
+        self.trainer = trainer
+        self.problems = problems
         self.modes = trainer.args.eval_mode_list()
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -93,7 +95,8 @@ class TrainingEval(TrainerCallback):
     def run(self, step: int) -> dict[str, float]:
         from trl.models.utils import unwrap_model_for_generation
 
-        trainer, args = self.trainer, self.trainer.args
+        trainer = self.trainer
+        args = self.trainer.args
         settings = EvalSettings(
             k=args.eval_k,
             temperature=args.temperature,
@@ -102,7 +105,8 @@ class TrainingEval(TrainerCallback):
             verify_time_limit=args.verify_time_limit,
             seed=args.seed + step,
         )
-        metrics, start = {}, time.perf_counter()
+        metrics = {}
+        start = time.perf_counter()
         retriever = trainer.retriever
         saved_stats = retriever.stats  # training's retrieval metrics stay training's
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []

@@ -248,7 +248,8 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
     )
     chains = [[[s] for s in row] for row in first]  # problem -> sample -> attempts
     per_round = [summarize_scores(_score(verifier, problems, first), first)[f"mean@{k}"]]
-    last_prompts, fallbacks = None, 0
+    last_prompts = None
+    fallbacks = 0
     for r in range(settings.rounds):
         flat = [(i, j) for i in range(len(problems)) for j in range(k)]
         contexts = [build_reflection_prompt(problems[i].problem, [chains[i][j][-1].text]) for i, j in flat]

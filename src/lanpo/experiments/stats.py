@@ -111,7 +111,9 @@ def cell_results(run: Path) -> dict:
 
     rows = read_metrics(run)
     evals: dict[str, dict[int, float]] = {}
-    seconds, clock, timed = {0: 0.0}, 0.0, 0
+    seconds = {0: 0.0}
+    clock = 0.0
+    timed = 0
     for row in rows:
         if row.get("step_time") is not None:
             clock += float(row["step_time"])
@@ -233,7 +235,8 @@ def _prediction_section(metric: str, arms: list[str], by_step: dict[int, dict[st
 
 
 def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
-    arms, ref = list(grid.arms), grid.reference
+    arms = list(grid.arms)
+    ref = grid.reference
     late = {a: n for a, cells in results.items() if (n := sum(1 for c in cells.values() if c.get("unfinished")))}
     head = arms + [f"{a} − {ref}" for a in arms if a != ref]
     lines = [
@@ -314,7 +317,8 @@ def verdict_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     """One screen: per arm, its difference from the reference at the reference's last eval step and at equal
     wall-clock there (95% CI, paired by seed), the seeds, a reading, and where one more seed's run of the arm
     should land at that step (95% prediction interval). Empty when the reference has no finished seed."""
-    arms, ref = list(grid.arms), grid.reference
+    arms = list(grid.arms)
+    ref = grid.reference
     ref_cells = results.get(ref, {})
     metrics = sorted({m for c in ref_cells.values() for m in c["evals"]})
     lines = []
@@ -375,7 +379,8 @@ def verdict_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
 def write_section(path: Path, name: str, table: str, kind: str = "experiment") -> None:
     """Put ``table`` between this grid's markers of ``kind`` in ``path`` (appended the first time); the rest is
     kept."""
-    start, end = f"<!-- lanpo-{kind}:{name} -->", f"<!-- /lanpo-{kind}:{name} -->"
+    start = f"<!-- lanpo-{kind}:{name} -->"
+    end = f"<!-- /lanpo-{kind}:{name} -->"
     text = path.read_text() if path.is_file() else ""
     block = f"{start}\n{table}{end}"
     if start in text and end in text:

@@ -21,7 +21,9 @@ def build_abstraction_prompt(problem: str, entries: Sequence[PoolEntry], problem
     Entries of the same problem (``problem_id``) are skipped; lessons that state an answer or talk about grades
     are dropped (entries may come from old or imported pools). ``None`` when nothing usable remains.
     """
-    lessons, used, dropped = [], [], Counter()
+    lessons = []
+    used = []
+    dropped = Counter()
     for entry in entries:
         if problem_id is not None and entry.problem_id == problem_id:
             dropped["same_problem"] += 1
@@ -48,7 +50,8 @@ class AbstractionSource(FeedbackSource):
     kind = "abstraction"
 
     def __init__(self, retriever: Retriever, judge: Callable[[], AbstractContextManager] | None = None) -> None:
-        self.retriever, self.judge = retriever, judge
+        self.retriever = retriever
+        self.judge = judge
 
     @classmethod
     def for_run(cls, kit: SourceKit) -> AbstractionSource:

@@ -57,7 +57,8 @@ def template_talks_about_labels(text: str, own_texts: Iterable[str]) -> bool:
 def clean_lessons(items: Sequence[str], source_answers: Iterable[str] = ()) -> tuple[list[str], Counter]:
     """Lessons fit to show another problem: none that states an answer, talks about grades, states one of
     ``source_answers`` (its own problem's gold and final answer) in any form, or is only an answer."""
-    kept, dropped = [], Counter()
+    kept = []
+    dropped = Counter()
     answers = [a for a in source_answers if a is not None and str(a).strip()]
     for item in items:
         item = item.strip() if isinstance(item, str) else ""

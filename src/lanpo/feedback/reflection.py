@@ -35,7 +35,8 @@ class ReflectionSource(FeedbackSource):
     kind = "reflection"
 
     def __init__(self, pool: ExperiencePool, mode: str = "auto") -> None:
-        self.pool, self.mode = pool, mode
+        self.pool = pool
+        self.mode = mode
 
     @classmethod
     def for_run(cls, kit: SourceKit) -> ReflectionSource:

@@ -65,7 +65,8 @@ class BM25Index:
 
     def __init__(self, k1: float = 1.5, b: float = 0.75) -> None:
         bm25s = import_bm25s()
-        self.k1, self.b = k1, b
+        self.k1 = k1
+        self.b = b
         self.tokenizer = bm25s.tokenization.Tokenizer(lower=True, splitter=r"(?u)\b\w+\b", stopwords="en")
         self._postings: list[tuple[_Growable, _Growable]] = []  # term -> (doc indexes, term frequencies)
         self._df = _Growable(np.int64)
@@ -110,7 +111,8 @@ class BM25Index:
         lengths = np.array([len(t) for t in tokens], dtype=np.float32)
         # (term, doc) pairs with their counts, grouped by term
         pairs, tf = np.unique(term_ids * (1 << 32) + doc_index, return_counts=True)
-        pair_terms, pair_docs = pairs >> 32, pairs & ((1 << 32) - 1)
+        pair_terms = pairs >> 32
+        pair_docs = pairs & ((1 << 32) - 1)
         vocab = len(self.tokenizer.word_to_id)
         while len(self._postings) < vocab:
             self._postings.append((_Growable(np.int32), _Growable(np.float32)))
@@ -176,7 +178,8 @@ class BM25Index:
         for docs, tfs in self._postings:
             d = docs.view()
             live = alive[d]
-            new_docs, new_tfs = remap[d[live]].astype(np.int32), tfs.view()[live]
+            new_docs = remap[d[live]].astype(np.int32)
+            new_tfs = tfs.view()[live]
             docs.size = tfs.size = 0
             docs.extend(new_docs)
             tfs.extend(new_tfs)
@@ -255,7 +258,8 @@ class BM25Index:
         cand = np.zeros(0, dtype=np.int64)
         cand_scores = np.zeros(0, dtype=np.float64)
         dense: np.ndarray | None = None
-        theta, i = -np.inf, 0
+        theta = -np.inf
+        i = 0
         while i < len(terms):
             docs_g, tfs_g = self._postings[int(terms[i])]
             docs = docs_g.view().astype(np.int64)

@@ -115,7 +115,9 @@ class LLMJudgeScorer(RelevanceScorer):
     name = "llm"
 
     def __init__(self, model, tokenizer, batch_size: int = 16) -> None:
-        self.model, self.tokenizer, self.batch_size = model, tokenizer, batch_size
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
         # Under FSDP / ZeRO-3 a forward is collective: every process must run as many batches. A trainer with
         # several processes sets this to "the largest count on any process"; extra batches are discarded.
         self.sync_batches: Callable[[int], int] | None = None
@@ -165,7 +167,8 @@ class LLMJudgeScorer(RelevanceScorer):
         finally:
             if was_training:
                 self.model.train()
-        out, i = [], 0
+        out = []
+        i = 0
         probs = probs[: len(prompts)]
         for _, entries, _ in queries:
             out.append(probs[i : i + len(entries)])
@@ -244,7 +247,10 @@ class Retriever:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
         if top_k < 1 or candidates < top_k:
             raise ValueError(f"Need 1 <= top_k <= candidates (top_k={top_k}, candidates={candidates}).")
-        self.pool, self.gamma, self.top_k, self.num_candidates = pool, gamma, top_k, candidates
+        self.pool = pool
+        self.gamma = gamma
+        self.top_k = top_k
+        self.num_candidates = candidates
         self.scorer = make_scorer(scorer, **scorer_kwargs) if isinstance(scorer, str) else scorer
         self.stats = RetrievalStats()
         self.rebuild()

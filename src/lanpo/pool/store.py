@@ -411,7 +411,8 @@ class ExperiencePool:
         newest: bool = False,
     ) -> list[PoolEntry]:
         """Entries, oldest first; filtered by problem or by ids; ``newest``: the last ``limit`` of them."""
-        query, params = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries", []
+        query = f"SELECT {', '.join(_ENTRY_COLUMNS)} FROM entries"
+        params = []
         if ids is not None:
             ids = list(ids)
             if not ids:

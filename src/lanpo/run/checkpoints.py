@@ -177,7 +177,8 @@ def trim_jsonl(path: Path, max_step: int) -> int:
     """Drop the lines of a per-step log written after ``max_step``; returns how many were dropped."""
     if not path.is_file():
         return 0
-    kept, dropped = [], 0
+    kept = []
+    dropped = 0
     for line in path.read_text().splitlines():
         try:
             step = json.loads(line).get("step", 0)

@@ -70,7 +70,8 @@ def _boxes(text: str) -> tuple[list[str], bool]:
     stack: list[tuple[bool, int]] = []
     expect_box = -1
     for match in _BOX_OR_BRACE.finditer(text):
-        token, start = match.group(0), match.start()
+        token = match.group(0)
+        start = match.start()
         if token[0] == "\\":
             end = match.end()
             if end < len(text) and text[end] == "{":
@@ -196,7 +197,8 @@ def last_standalone_number(text: str) -> str | None:
     """The last number of ``text`` that stands alone: outside every bracket and brace, not glued to a word
     before it (``x2``), and with no operator or operator command beside it. Never a piece of an expression: not
     the 9 of ``\\frac{10}{9}``, the 1 of ``(9+1)``, the 10 of ``2^{10}`` or the 5 of ``\\sqrt5``. One pass."""
-    depth, last = 0, None
+    depth = 0
+    last = None
     for match in _NUMBER_OR_BRACKET.finditer(text):
         token = match.group(0)
         if token[0] == "\\":  # \( \) \[ \]: math delimiters
@@ -245,7 +247,9 @@ def _value_key(part: str) -> str:
 def split_values(answer: str, separators: re.Pattern = _SEPARATORS) -> list[str]:
     """The parts of an answer at top level (outside braces and brackets) separated by ``,`` ``;`` ``=`` "or"
     "and" ``\\lor`` (or by ``separators``): ``x = 5`` → ``[x, 5]``; ``(1, 2)`` stays whole."""
-    parts, depth, start = [], 0, 0
+    parts = []
+    depth = 0
+    start = 0
     for match in re.finditer(r"[{}()\[\]]|" + separators.pattern, answer):
         token = match.group(0)
         if token in "{([":
@@ -334,7 +338,8 @@ def boxes_as_list(text: str, gold: str) -> str | None:
     gold_values = {_value_key(p) for p in split_values(normalize_gold(gold)) if not is_label(p)}
     if len(gold_values) < 2:
         return None
-    boxes, seen = [], set()
+    boxes = []
+    seen = set()
     for box in boxed_answers(clean(text)):
         value = stated_value(box, gold) if box else None
         if value is None or len(split_values(value)) != 1:  # each box states one value

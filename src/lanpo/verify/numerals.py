@@ -56,7 +56,8 @@ def ungroup(text: str) -> str:
 
     def digits(match: re.Match) -> str:
         plain = _PLAIN_COMMAS.fullmatch(match.group(2))
-        before, after = text[: match.start()].rstrip()[-1:], text[match.end() :].lstrip()[:1]
+        before = text[: match.start()].rstrip()[-1:]
+        after = text[match.end() :].lstrip()[:1]
         if plain and (before in ("(", "[") or after in (")", "]")):
             return match.group(0)  # (12,102): a point or an interval, not twelve thousand
         return match.group(1) + _NOT_DIGIT.sub("", match.group(2))
@@ -157,7 +158,8 @@ def _number(text: str, depth: int = 0) -> tuple[Fraction, int | None] | None:
             return sign * top[0] / bottom[0], None
     power = _INT_POWER.fullmatch(text.removeprefix("-"))
     if power:  # 2^{98}: exact, so 1/2^98 and 2/2^98 never look equal (math-verify rounds to 6 places); -10^1 = -10
-        base, exponent = _decimal(power.group(1)), int(power.group(2) or power.group(3))
+        base = _decimal(power.group(1))
+        exponent = int(power.group(2) or power.group(3))
         if (
             base is None
             or base[1] is not None
@@ -239,7 +241,8 @@ def evaluate(text: str) -> Fraction | None:
         if not count:
             break
     expression = expression.replace("{", "(").replace("}", ")")
-    tokens, position = [], 0
+    tokens = []
+    position = 0
     while position < len(expression):
         match = _ARITH_TOKEN.match(expression, position)
         if not match:
@@ -355,7 +358,9 @@ _NEGATED = re.compile(r"(?:\b(?:minus|negative)\s+|(?:^|[(=,:;$A-Za-z])\s*-\s+)$
 
 def word_number(words: str) -> Fraction | None:
     """``twenty-one`` → 21, ``three hundred and five`` → 305, ``one half`` → 1/2 (None if not a number)."""
-    total, current, seen = Fraction(0), Fraction(0), False
+    total = Fraction(0)
+    current = Fraction(0)
+    seen = False
     for word in re.split(r"[\s-]+", words.lower()):
         if word in ("", "and"):
             continue
