@@ -36,47 +36,19 @@ CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = (
 
 @dataclass
 class LanpoConfig(GRPOConfig):
-    r"""
-    Configuration for [`LanpoTrainer`]: every field of TRL's `GRPOConfig`, plus:
-
-    > Parameters that control language feedback
-
-    feedback_ratio (`float`, defaults to `0.75`): p_t, the share of each group's G rollouts generated with
-        feedback in the prompt (round(p_t·G) of them); the rest start from scratch. 0 gives exactly GRPO.
-    feedback_schedule (`str`, defaults to `"constant"`): `constant`, or `linear` (p_t grows from 0 to
-        `feedback_ratio` over `feedback_warmup_steps`).
-    reflection_share (`float`, defaults to `0.5`): share of the feedback rollouts that use reward-agnostic
-        reflection (the rest use relevant abstraction).
-    reflection_source (`str`, defaults to `"auto"`): `auto` reflects on attempts stored in earlier steps where the
-        problem has some, else on this step's scratch rollouts (a second generation phase for those groups only);
-        `step` always on this step's; `pool` only on stored ones (no attempt: falls back to scratch).
-
-    > Parameters that control the experience pool and retrieval
-
-    pool_cap, pool_attempts_cap, summaries_per_group, relevance_scorer, relevance_threshold (γ),
-    retrieval_top_k, retrieval_candidates, embedding_model.
-
-    > Parameters that control the loss
-
-    context_in_loss (`str`, defaults to `"strip"`): how a feedback rollout (sampled under x + context c) reaches the
-        loss. The first four train π(y | x), the zero-shot policy that is the test condition, at GRPO's update cost:
-        `strip` with a truncated per-token importance weight π(y|x) / π(y|x,c) (at most `strip_ratio_clip`;
-        Guide-GRPO); `strip-sequence` with the row's geometric-mean ratio, which weighs the state, not only the
-        token (GSPO-style); `shaped` with no importance weight, policy shaping f(π) = π/(π + `shaping_gamma`) and
-        no clip (LUFFY, Critique-GRPO: when guided tokens are improbable under x); `unweighted` with the plain
-        advantage (RLTF-SD: the simplest baseline). `keep` trains π(y | x, c) (SAGE, QuestA), paying for the
-        context tokens in every forward and backward. Feedback rows of the first four get a KL estimate of their
-        own (importance-weighted ½r², finite for any r); scratch rows keep TRL's.
-    advantage_grouping (`str`, defaults to `"shared"`): `shared` normalizes rewards over the whole group of G;
-        `separate` normalizes feedback and scratch rollouts of a group separately; `scratch-baseline` centres
-        feedback rollouts on the scratch rollouts' mean (scaled by the group's std) and scratch rollouts among
-        themselves (RLTF-SD: a feedback row's own mean collapses when feedback makes them all right).
+    """Configuration for :class:`~lanpo.trainer.LanpoTrainer`: every field of TRL's ``GRPOConfig``, plus LANPO's,
+    in four groups (language feedback; the experience pool and retrieval; the loss; reward, outputs and evaluation
+    during training). Each field is documented once, by its ``help`` below: ``lanpo train --help`` shows it, and
+    docs/reference/config.md is generated from it. Values are checked in ``__post_init__``, before a model loads.
     """
 
     # -- language feedback -----------------------------------------------------------------------------------
     feedback_ratio: float = field(
         default=0.75,
-        metadata={"help": "p_t: share of each group's rollouts generated with language feedback (0 = exactly GRPO)."},
+        metadata={
+            "help": "p_t: round(p_t*G) rollouts of each group get feedback (paper: 0.75 best, 1.0 collapses); 0 is "
+            "exactly GRPO. lanpo/feedback_share is the realized p_t."
+        },
     )
     feedback_schedule: Schedule = field(
         default="constant",
@@ -94,10 +66,9 @@ class LanpoConfig(GRPOConfig):
     feedback_trigger: Trigger = field(
         default="always",
         metadata={
-            "help": "always: every group gets round(p_t*G) feedback rows; unsolved: every row is first generated "
-            "from scratch (GRPO's rollout) and only groups whose pass rate is at most feedback_trigger_pass_rate "
-            "get round(p_t*G) of their failed rows regenerated with feedback (reflection then shows an attempt "
-            "known to have failed)."
+            "help": "always: every group gets round(p_t*G) feedback rows; unsolved: rows are first generated from "
+            "scratch (GRPO's rollout) and only groups with a pass rate at most feedback_trigger_pass_rate get "
+            "round(p_t*G) failed rows regenerated with feedback (a reflection then shows a failed attempt)."
         },
     )
     feedback_trigger_pass_rate: float = field(
@@ -107,8 +78,8 @@ class LanpoConfig(GRPOConfig):
     feedback_max_completion_length: int | None = field(
         default=None,
         metadata={
-            "help": "Most new tokens of a feedback row (its analysis comes before the solution); default "
-            "max_completion_length. Truncation is logged per row kind."
+            "help": "Most new tokens of a feedback row (its analysis comes before the solution; a call of its own); "
+            "default max_completion_length."
         },
     )
     reflection_source: ReflectionSource = field(
@@ -124,19 +95,20 @@ class LanpoConfig(GRPOConfig):
     pool_attempts_cap: int = field(default=4, metadata={"help": "Raw attempts kept per problem for reflection."})
     summaries_per_group: int = field(
         default=1,
-        metadata={"help": "Trials per group the policy distills into pool entries each step (the summary budget)."},
+        metadata={"help": "Trials per group distilled into pool entries each step (right and wrong alternate)."},
     )
     summary_max_length: int = field(
         default=256,
         metadata={
-            "help": "Most new tokens of one pool summary: one cut by max_completion_length goes on in the next "
-            "rollout batch until it ends or reaches this (after the SFT stage, 5 in 6 parse within 128)."
+            "help": "Most new tokens of one pool summary: it rides in the next rollout batches until it ends or "
+            "reaches this (summaries/carried)."
         },
     )
     relevance_scorer: Scorer = field(
         default="llm",
         metadata={
-            "help": "Relevance score in [0, 1] of a retrieved entry: bm25 (normalized), embedding (cosine), llm (judge)."
+            "help": "Relevance score in [0, 1] of a retrieved entry: llm (the policy's P(Yes) to 'would these "
+            "lessons help?'), embedding (cosine; the embed extra), bm25 (normalized)."
         },
     )
     relevance_threshold: float = field(
@@ -155,9 +127,13 @@ class LanpoConfig(GRPOConfig):
     context_in_loss: ContextInLoss = field(
         default="strip",
         metadata={
-            "help": "How feedback rollouts reach the loss. strip: train pi(y|x) with a clipped per-token weight "
-            "pi(y|x)/pi(y|x,c); strip-sequence: with the row's geometric-mean weight; shaped: no weight, "
-            "f(pi) = pi/(pi+shaping_gamma), no clip; unweighted: plain advantage; keep: train pi(y|x,c)."
+            "help": "How a feedback row (sampled under x + c) reaches the loss. On pi(y|x), the zero-shot policy, at "
+            "GRPO's update cost: strip, with a per-token weight pi(y|x)/pi(y|x,c) truncated at strip_ratio_clip "
+            "(Guide-GRPO); strip-sequence, with the row's geometric-mean weight (GSPO-style: it weighs the state); "
+            "shaped, with no weight, f(pi) = pi/(pi+shaping_gamma) and no clip (LUFFY, Critique-GRPO); unweighted, "
+            "with the plain advantage (RLTF-SD). keep: train pi(y|x,c) (SAGE, QuestA; every forward pays for the "
+            "context). Feedback rows of the first four get their own KL (importance-weighted r^2/2, finite for any "
+            "r): kl/scratch and kl/feedback are logged beside kl."
         },
     )
     strip_ratio_clip: float = field(
@@ -174,7 +150,8 @@ class LanpoConfig(GRPOConfig):
         default="shared",
         metadata={
             "help": "shared: one advantage group of G; separate: feedback and scratch rollouts normalized apart; "
-            "scratch-baseline: feedback rollouts against the scratch rollouts' mean."
+            "scratch-baseline: feedback rollouts centred on the scratch rollouts' mean (scaled by the group's std), "
+            "scratch rollouts among themselves (RLTF-SD)."
         },
     )
 
@@ -182,8 +159,8 @@ class LanpoConfig(GRPOConfig):
     answer_extraction: Extraction = field(
         default="strict",
         metadata={
-            "help": "strict: the final \\boxed{} only; lenient: else 'the answer is X', else the last number not copied "
-            "from the problem (for models that rarely box; hackable)."
+            "help": "strict: the final \\boxed{} only; lenient: else 'the answer is X', else the last number not "
+            "copied from the problem (for models that rarely box; hackable)."
         },
     )
     verify_time_limit: float = field(
