@@ -59,6 +59,7 @@ def workdir(tmp_path, monkeypatch):
         ("typed-str", "data: [gsm8k, math]\n"),
     ):
         (tmp_path / f"{name}.yaml").write_text(text)
+    (tmp_path / "nan.yaml").write_text("strip_ratio_clip: .nan\n")
     (tmp_path / "latin1.yaml").write_bytes("learning_rate: 0.001\n# caf\u00e9\n".encode("latin-1"))
     (tmp_path / "nosteps").mkdir()
     (tmp_path / "nosteps" / "metrics.jsonl").write_text("")
@@ -173,6 +174,19 @@ CASES = [  # (argv, what the message must name)
     (["sft-data", "--out", UNWRITABLE + "/x.jsonl"], UNWRITABLE),
     (["report", "nosteps"], "no step"),
     (["eval", "--top-p", "0"], "--top-p"),
+    # round four (issue 50): numbers that are not numbers, refused before anything loads
+    (["train", "--strip_ratio_clip", "nan"], "strip_ratio_clip"),
+    (["train", "--shaping_gamma", "inf"], "shaping_gamma"),
+    (["train", "--learning_rate", "nan"], "learning_rate"),
+    (["train", "--config", "nan.yaml"], "strip_ratio_clip"),
+    (["sft", "--data", "missing.jsonl", "--learning_rate", "nan"], "learning_rate"),
+    (["eval", "--temperature", "nan"], "--temperature"),
+    (["eval", "--temperature", "inf"], "--temperature"),
+    (["eval", "--gamma", "nan"], "--gamma"),
+    (["eval", "--top-p", "nan"], "--top-p"),
+    (["sft-data", "--out", "x.jsonl", "--temperature", "nan"], "--temperature"),
+    (["sft-data", "--out", "x.jsonl", "--mix", "nan,1,1"], "nan,1,1"),
+    (["report", "nosteps", "--serve", "--port", "65536"], "--port"),
 ]
 
 
@@ -189,3 +203,82 @@ def test_bad_input_exits_2_naming_it_without_traceback_model_or_files(workdir, c
     assert "Traceback" not in text and "a model was loaded" not in text, text[-2000:]
     assert names.lower() in text.lower(), text[-2000:]
     assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before, "a file was left behind"
+
+
+# -- numbers that are not numbers, as a class (issue 50) ------------------------------------------------------
+
+
+def _float_fields():
+    import dataclasses
+
+    from lanpo.config import LanpoConfig
+
+    return sorted(f.name for f in dataclasses.fields(LanpoConfig) if f.init and isinstance(f.default, float))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("name", _float_fields())
+def test_every_float_setting_refuses_non_finite_values_by_name(tmp_path, name, value):
+    from lanpo.config import LanpoConfig
+
+    with pytest.raises(ValueError, match=f"{name} must be a finite number"):
+        LanpoConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **{name: value})
+
+
+def _numeric_flags():
+    """(command, flag, type) for every flag of every lanpo command whose value is a number."""
+    import argparse
+    import importlib
+
+    from lanpo.cli import COMMANDS
+
+    found = []
+    for name, (module, line) in COMMANDS.items():
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).add_parser(sub, name, line)
+        parser = sub.choices[name]
+        actions = [a for a in parser._actions if a.type is not None]
+        for group in parser._subparsers._group_actions if parser._subparsers else []:
+            for child in group.choices.values():
+                actions += [a for a in child._actions if a.type is not None]
+        for action in actions:
+            for sample in ("1", "1,1,1"):
+                try:
+                    value = action.type(sample)
+                except (argparse.ArgumentTypeError, ValueError, TypeError):
+                    continue
+                if isinstance(value, int | float) or (isinstance(value, list) and isinstance(value[0], float)):
+                    flag = action.option_strings[0] if action.option_strings else action.dest
+                    found.append((name, flag, action.type))
+                break
+    return found
+
+
+NUMERIC_FLAGS = _numeric_flags()
+
+
+def test_the_numeric_flags_are_found():
+    flags = {(c, f) for c, f, _ in NUMERIC_FLAGS}
+    assert {("eval", "--temperature"), ("eval", "--gamma"), ("sft-data", "--mix"), ("report", "--port")} <= flags
+
+
+@pytest.mark.parametrize("text", ["nan", "NaN", "inf", "-inf", "Infinity", "1e999"])
+@pytest.mark.parametrize("command,flag,kind", NUMERIC_FLAGS, ids=[f"{c} {f}" for c, f, _ in NUMERIC_FLAGS])
+def test_every_numeric_flag_refuses_non_finite_values(command, flag, kind, text):
+    import argparse
+
+    if kind is int:  # Python's int() refuses these itself
+        with pytest.raises(ValueError):
+            kind(text)
+        return
+    value = text if flag != "--mix" else f"{text},1,1"
+    with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+        kind(value)
+
+
+def test_valid_spellings_of_numbers_are_accepted():
+    from lanpo.commands.args import port, probability, skill_mix, unit_interval
+
+    assert probability("1e0") == 1.0 and probability("0.95") == 0.95 and probability(".5") == 0.5
+    assert unit_interval("1E-1") == 0.1 and skill_mix("1,2e0,0") == [1.0, 2.0, 0.0]
+    assert port("0") == 0 and port("65535") == 65535

@@ -6,7 +6,9 @@ maps one-to-one onto them. Validation runs in ``__post_init__``, before any mode
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
@@ -242,6 +244,8 @@ class LanpoConfig(GRPOConfig):
             )
 
     def _check_lanpo_fields(self) -> None:
+        check_finite(self)
+
         def unit(name: str) -> None:
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
@@ -393,3 +397,14 @@ class LanpoConfig(GRPOConfig):
             objective=objective,
             bucket_by_prompt_length=buckets,
         )
+
+
+def check_finite(settings) -> None:
+    """Every number a dataclass of settings holds (lists included) is finite: nan and inf pass every comparison
+    check (nan > 0 is False, so is nan <= 0) and would train on garbage, so they are refused by name here."""
+    for f in dataclasses.fields(settings):
+        value = getattr(settings, f.name, None)
+        values = value if isinstance(value, list | tuple) else [value]
+        bad = [v for v in values if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise ValueError(f"{f.name} must be a finite number, got {value!r}.")

@@ -4,18 +4,30 @@ the value types of argparse flags, and the checks that name a bad value before a
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import math
 from pathlib import Path
 from types import UnionType as _UnionType
 
 # -- argument types: a bad value is refused while parsing, naming the flag and the value, before any model loads --
 
 
+def finite_number(text: str, kind=float):
+    """``text`` as a finite ``kind`` (int or float): nan, inf and words are refused, naming the value."""
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+        ) from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
 def at_least(minimum: float, kind=int):
     def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        value = finite_number(text, kind)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
         return value
@@ -32,9 +44,17 @@ def unit_interval(text: str) -> float:
 
 def probability(text: str) -> float:
     """A probability mass to keep, in (0, 1] (``--top-p 0`` would keep nothing)."""
-    value = float(text) if text.replace(".", "", 1).replace("e-", "", 1).isdigit() else None
-    if value is None or not 0 < value <= 1:
+    value = finite_number(text)
+    if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+def port(text: str) -> int:
+    """A TCP port, or 0 for any free one."""
+    value = at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {text}")
     return value
 
 
@@ -66,9 +86,9 @@ def eval_modes(text: str) -> list[str]:
 
 def skill_mix(text: str) -> list[float]:
     try:
-        mix = [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected three numbers like 1,1,1, got {text!r}") from None
+        mix = [finite_number(x) for x in text.split(",")]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected three finite numbers like 1,1,1, got {text!r}") from None
     if len(mix) != 3 or any(m < 0 for m in mix) or not sum(mix):
         raise argparse.ArgumentTypeError(f"needs three non-negative shares (summarize,reflect,feedback), got {text!r}")
     return mix
@@ -233,4 +253,10 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     unknown = parser.set_defaults_with_config(**defaults)
     if unknown:
         raise RuntimeError(f"lanpo's defaults name unknown fields: {unknown}")
-    return parser.parse_args_and_config(argv)
+    parsed = parser.parse_args_and_config(argv)
+    from lanpo.config import check_finite
+
+    for settings in parsed:
+        if dataclasses.is_dataclass(settings):
+            check_finite(settings)
+    return parsed

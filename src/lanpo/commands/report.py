@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lanpo.commands.args import at_least, new_path
+from lanpo.commands.args import new_path, port
 
 
 def add_parser(sub, name: str, help: str) -> None:
@@ -16,7 +16,7 @@ def add_parser(sub, name: str, help: str) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (each with metrics.jsonl)")
     p.add_argument("--out", type=new_path("file"), help="output file (default: the first RUN/report.html)")
     p.add_argument("--serve", action="store_true", help="then serve it on http://127.0.0.1:PORT (Ctrl-C stops)")
-    p.add_argument("--port", type=at_least(0), default=8000, help="port for --serve (default 8000; 0: any free one)")
+    p.add_argument("--port", type=port, default=8000, help="port for --serve (default 8000; 0: any free one)")
     p.set_defaults(func=command)
 
 
