@@ -571,3 +571,123 @@ def test_verdict_md_fills_its_markers_where_the_user_put_them(tmp_path):
     rows = _verdict_rows(text)
     assert rows["lanpo"][1] == f"{_fmt_ci([0.05, 0.1], '+').split(' (')[0]}" and rows["lanpo"][3] == "2"
     assert (out / "verdict.md").read_text() in text
+
+
+# -- round four (issue 50): the verdict writer and the runner -------------------------------------------------
+
+
+def _logged_cell(run: Path, rows: list[dict]) -> None:
+    from lanpo.experiments.stats import COMPLETE
+
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / COMPLETE).write_text(json.dumps({"config": "x"}))
+
+
+def test_a_grid_whose_step_times_were_logged_every_few_steps_gets_its_tables(tmp_path):
+    """TRL logs step_time at its logging steps as the mean over the steps since the last: 8 steps logged once
+    (logging_steps 10) are 8 steps of that time, and an eval step between logged ones is interpolated."""
+    from lanpo.experiments.grid import Grid
+    from lanpo.experiments.stats import cell_results, collect, results_table, verdict_table
+
+    grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}}, seeds=[0, 1], out=tmp_path, reference="grpo")
+    for arm in grid.arms:
+        for seed in grid.seeds:
+            rows = [{"step": 0, WALL_METRIC: 0.2}, {"step": 4, WALL_METRIC: 0.25}]
+            rows += [{"step": 8, WALL_METRIC: 0.3 + 0.01 * seed, "step_time": 50.0}]
+            _logged_cell(grid.run_dir(arm, seed), rows)
+    cell = cell_results(grid.run_dir("grpo", 0))
+    assert cell["seconds"] == {0: 0.0, 4: 200.0, 8: 400.0} and cell["step_time"] == 50.0
+    results = collect(grid)
+    verdict = verdict_table(grid, results)
+    assert "6.7 min of training" in verdict and "| lanpo | (base) | +0.000 ± 0.000 | +0.000 ± 0.000 |" in verdict
+    assert "| grpo |" in results_table(grid, results)  # no division by zero on the way
+
+
+@pytest.mark.parametrize("bad", [float("nan"), "abc", None, "Infinity"])
+def test_evaluation_values_that_are_not_numbers_are_left_out_naming_the_file(tmp_path, capsys, bad):
+    from lanpo.experiments.stats import cell_results
+
+    run = tmp_path / "cell"
+    rows = [{"step": 0, WALL_METRIC: 0.2}, {"step": 4, WALL_METRIC: bad, "step_time": 1.0}]
+    rows += [{"step": "four", WALL_METRIC: 0.9}, {"step": 8, WALL_METRIC: 0.3, "step_time": 1.0}]
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cell = cell_results(run)
+    assert cell["evals"] == {WALL_METRIC: {0: 0.2, 8: 0.3}}
+    assert str(run / "metrics.jsonl") in capsys.readouterr().err
+
+
+def test_a_garbage_cell_record_is_refused_naming_it(tiny_model_dir, tmp_path):
+    grid = load_grid(tiny_grid(tmp_path, tiny_model_dir))
+    record = grid.run_dir("grpo", 0) / "cell.json"
+    record.parent.mkdir(parents=True)
+    for text in ("not json", "[1, 2]", '{"config": 3}', ""):
+        record.write_text(text)
+        with pytest.raises(GridError, match="cell.json is not a cell record"):
+            experiment.cell_state(grid, "grpo", 0)
+
+
+def test_a_cell_another_runner_holds_is_left_to_it_and_said(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    grid = load_grid(tiny_grid(tmp_path, tiny_model_dir, seeds=[0]))
+    ran = []
+    monkeypatch.setattr(experiment, "run_cell", lambda g, arm, seed, *a: ran.append((arm, seed)) or True)
+    with experiment.cell_lock(grid, "grpo", 0) as held:  # the other runner
+        assert held
+        with experiment.cell_lock(grid, "grpo", 0) as again:
+            assert not again  # one holder at a time, even within one process
+        experiment.run_grid(grid)
+    assert ran == [("lanpo", 0)]
+    out = capsys.readouterr()
+    assert "grpo seed 0: skipped, another runner is training it" in out.out and "grpo/seed-0" in out.err
+
+
+MARKER_LINES = st.lists(st.sampled_from(["start", "end", "other-start", "text"]), min_size=0, max_size=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(MARKER_LINES)
+def test_the_verdict_writer_never_loses_the_users_text(tmp_path_factory, layout):
+    """Whatever markers a file holds, the writer either puts the block between one well-ordered pair, appends it
+    when there is none, or refuses naming the lines and leaves the file as it was; every paragraph of the
+    user's outside the block survives."""
+    from lanpo.experiments.stats import section_markers, write_section
+
+    path = tmp_path_factory.mktemp("md") / "results.md"
+    start, end = section_markers("g", "verdict")
+    other_start, _ = section_markers("h", "verdict")
+    words = {"start": start, "end": end, "other-start": other_start}
+    lines = [words.get(kind, f"user paragraph {i}") for i, kind in enumerate(layout)]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    try:
+        write_section(path, "g", "| the verdict |\n", kind="verdict")
+    except ValueError as error:
+        assert "line" in str(error) and path.read_text() == text
+        return
+    after = path.read_text()
+    assert after.count(start) == 1 and after.count(end) == 1 and "| the verdict |" in after
+    kept = [line for line in lines if line.startswith("user")]
+    if start in text:  # replaced between the pair: what lay between was the old block
+        i, j = lines.index(start), lines.index(end)
+        kept = [line for k, line in enumerate(lines) if line.startswith("user") and not i < k < j]
+    assert all(line in after for line in kept)
+
+
+def test_the_verdict_writer_replaces_the_file_at_once(tmp_path, monkeypatch):
+    """A failure mid-write (a kill, a full disk) leaves the old file whole and no temporary file behind."""
+    import os
+
+    from lanpo.experiments.stats import write_section
+
+    path = tmp_path / "results.md"
+    path.write_text("my notes\n" * 1000)
+
+    def fail(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OSError):
+        write_section(path, "g", "| table |\n", kind="verdict")
+    assert path.read_text() == "my notes\n" * 1000
+    assert [p.name for p in tmp_path.iterdir()] == ["results.md"]

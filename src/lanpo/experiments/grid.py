@@ -35,12 +35,22 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from lanpo.experiments.stats import COMPLETE, collect, plot_results, results_table, verdict_table, write_section
+from lanpo.experiments.stats import (
+    COMPLETE,
+    collect,
+    find_section,
+    plot_results,
+    results_table,
+    verdict_table,
+    write_section,
+)
 
 GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out"}
 
@@ -157,11 +167,14 @@ def cell_state(grid: Grid, arm: str, seed: int) -> str:
     run = grid.run_dir(arm, seed)
     done = run / COMPLETE
     if done.is_file():
-        return (
-            "complete"
-            if json.loads(done.read_text()).get("config") == config_hash(grid.config(arm, seed))
-            else "changed"
-        )
+        try:
+            record = json.loads(done.read_text(encoding="utf-8"))
+            config = record.get("config") if isinstance(record, dict) else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            config = None
+        if not isinstance(config, str):
+            raise GridError(f"{done} is not a cell record (it holds no config hash): delete it to run the cell again.")
+        return "complete" if config == config_hash(grid.config(arm, seed)) else "changed"
     try:
         resume_target("latest", str(run))
         return "resume"
@@ -203,6 +216,26 @@ def cell_env(jobs: int, environ: dict[str, str] | None = None, cpus: int | None 
     if jobs > 1 and "OMP_NUM_THREADS" not in env:
         env["OMP_NUM_THREADS"] = str(max(1, (cpus or os.cpu_count() or 1) // jobs))
     return env
+
+
+@contextmanager
+def cell_lock(grid: Grid, arm: str, seed: int) -> Iterator[bool]:
+    """Hold the cell's lock (``OUT/ARM/seed-S.lock``) for the block: yields False, holding nothing, when another
+    runner holds it. The operating system drops the lock of a runner that dies, so none goes stale."""
+    import fcntl
+
+    path = grid.run_dir(arm, seed).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = None, jobs: int = 1) -> bool:
@@ -269,8 +302,12 @@ def run_grid(
             f"--seeds {', '.join(map(str, outside))}: not seeds of {grid.name} {grid.seeds}; add them to "
             "the grid's seeds."
         )
+    for path, kind in ((results_md, "experiment"), (verdict_md, "verdict")):  # before any cell runs
+        if path and Path(path).is_file():
+            find_section(Path(path), Path(path).read_text(encoding="utf-8"), grid.name, kind)
     cells = grid.cells(arms, seeds)
-    failed = []
+    failed: list[str] = []
+    busy: list[str] = []  # cells another runner held: left to it
     if not table_only:
         states = {cell: cell_state(grid, *cell) for cell in cells}
         changed = [f"{a}/seed-{s}" for (a, s), st in states.items() if st == "changed"]
@@ -285,13 +322,27 @@ def run_grid(
 
         def one(k: int, cell: tuple[str, int]) -> None:
             arm, seed = cell
-            # one write per line: cells' threads print at once, and print() writes the newline apart
-            print(f"[{k}/{len(todo)}] {arm} seed {seed}: {states[cell]}\n", end="", flush=True)
-            log = grid.run_dir(arm, seed).with_suffix(".log") if jobs > 1 else None
-            if not run_cell(grid, arm, seed, states[cell], log, jobs):
-                failed.append(f"{arm}/seed-{seed}")
-            elif log is not None:
-                print(f"{arm} seed {seed}: done\n", end="", flush=True)
+            with cell_lock(grid, arm, seed) as held:
+                # one write per line: cells' threads print at once, and print() writes the newline apart
+                if not held:
+                    lock = grid.run_dir(arm, seed).with_suffix(".lock")
+                    print(
+                        f"[{k}/{len(todo)}] {arm} seed {seed}: skipped, another runner is training it ({lock})\n",
+                        end="",
+                        flush=True,
+                    )
+                    busy.append(f"{arm}/seed-{seed}")
+                    return
+                state = cell_state(grid, arm, seed)  # again, under the lock: another runner may have finished it
+                if state == "complete":
+                    print(f"[{k}/{len(todo)}] {arm} seed {seed}: complete (another runner finished it)\n", end="")
+                    return
+                print(f"[{k}/{len(todo)}] {arm} seed {seed}: {state}\n", end="", flush=True)
+                log = grid.run_dir(arm, seed).with_suffix(".log") if jobs > 1 else None
+                if not run_cell(grid, arm, seed, state, log, jobs):
+                    failed.append(f"{arm}/seed-{seed}")
+                elif log is not None:
+                    print(f"{arm} seed {seed}: done\n", end="", flush=True)
 
         if jobs == 1:
             for k, cell in enumerate(todo, 1):
@@ -301,17 +352,21 @@ def run_grid(
 
             with ThreadPoolExecutor(jobs) as pool:  # each cell is a process of its own; threads only wait
                 list(pool.map(one, range(1, len(todo) + 1), todo))
+    from lanpo.run.files import write_text_atomic  # here: loading the grid stays free of torch
+
     results = collect(grid, unfinished)
     table = results_table(grid, results)
     grid.out.mkdir(parents=True, exist_ok=True)
-    (grid.out / "results.md").write_text(table)
+    write_text_atomic(grid.out / "results.md", table)
     plot_results(grid, results, grid.out / "results.png")
     if results_md:
         write_section(Path(results_md), grid.name, table)
     verdict = verdict_table(grid, results)
-    (grid.out / "verdict.md").write_text(verdict)
+    write_text_atomic(grid.out / "verdict.md", verdict)
     if verdict_md:
         write_section(Path(verdict_md), grid.name, verdict, kind="verdict")
+    if busy:
+        print(f"left to the runner that holds them: {', '.join(busy)}", file=sys.stderr)
     if failed:
         print(
             f"failed cells (the table {'marks them unfinished' if unfinished else 'leaves them out'}): "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Protocol
 
@@ -104,29 +105,71 @@ TRAINING = {
 }
 
 
+def _number(value) -> float | None:
+    """``value`` as a finite float, else None (a metric written as "abc", null, NaN or infinity measures nothing)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _step(value) -> int | None:
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) and number >= 0 else None
+
+
 def cell_results(run: Path) -> dict:
     """One finished cell: eval series by step, training seconds by step, mean step time, and the means over its
-    training steps of the ``TRAINING`` metrics."""
-    from lanpo.run.files import read_metrics, series
+    training steps of the ``TRAINING`` metrics.
+
+    ``step_time`` is logged at TRL's logging steps as the mean over the steps since the last one, so the clock
+    advances by it times that many steps; an eval step between two logged ones gets its time by interpolation.
+    Lines whose step or values are not finite numbers are left out and counted (a warning names the file)."""
+    from lanpo.run.files import read_metrics
 
     rows = read_metrics(run)
     evals: dict[str, dict[int, float]] = {}
-    seconds = {0: 0.0}
+    timed = {0: 0.0}  # step -> training seconds, at the steps whose step_time was logged
     clock = 0.0
-    timed = 0
+    dropped = 0
     for row in rows:
-        if row.get("step_time") is not None:
-            clock += float(row["step_time"])
-            seconds[int(row["step"])] = clock
-            timed += 1
+        step = _step(row.get("step"))
+        if step is None:
+            dropped += 1
+            continue
+        step_time = _number(row.get("step_time"))
+        last = max(timed)
+        if step_time is not None and step > last:
+            clock += step_time * (step - last)
+            timed[step] = clock
+        elif row.get("step_time") is not None and step_time is None:
+            dropped += 1
         for key, value in row.items():
             if MEAN_AT_K.match(key) and value is not None:
-                evals.setdefault(key, {})[int(row["step"])] = float(value)  # a resumed run's repeat: the last
+                number = _number(value)
+                if number is None:
+                    dropped += 1
+                    continue
+                evals.setdefault(key, {})[step] = number  # a resumed run's repeat: the last
+    if dropped:
+        print(
+            f"warning: {run / 'metrics.jsonl'}: left out {dropped} values that are not finite numbers", file=sys.stderr
+        )
+    steps = sorted(timed)
+    seconds = dict(timed)
+    for series_ in evals.values():  # eval steps inside the timed range: interpolated training time
+        for step in series_:
+            if step not in seconds and (t := interpolate(steps, [timed[x] for x in steps], step)) is not None:
+                seconds[step] = t
     training = {}
     for column, key in TRAINING.items():
-        _, values = series(rows, key)
+        values = [v for row in rows if (v := _number(row.get(key))) is not None]
         training[column] = sum(values) / len(values) if values else None
-    return {"evals": evals, "seconds": seconds, "step_time": clock / timed if timed else None, "training": training}
+    last = max(timed)
+    return {"evals": evals, "seconds": seconds, "step_time": clock / last if last else None, "training": training}
 
 
 def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
@@ -296,7 +339,9 @@ def results_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
 
 
 def _short(values: list[float], signed: bool = False) -> str:
-    """``mean ± 95% CI half-width`` (the mean alone from one value)."""
+    """``mean ± 95% CI half-width`` (the mean alone from one value; a dash from none)."""
+    if not values:
+        return "—"
     mean, half, _ = mean_ci(values)
     return _fmt(mean, half, None, signed=signed)
 
@@ -376,18 +421,51 @@ def verdict_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
     return "\n".join(lines)
 
 
+def section_markers(name: str, kind: str = "experiment") -> tuple[str, str]:
+    """The start and end markers of a grid's block of ``kind`` in a markdown file."""
+    return f"<!-- lanpo-{kind}:{name} -->", f"<!-- /lanpo-{kind}:{name} -->"
+
+
+def find_section(path: Path, text: str, name: str, kind: str = "experiment") -> tuple[int, int] | None:
+    """Where the grid's block lies in ``text`` (start of its start marker, end of its end marker), or None when
+    the file has neither marker. Markers that do not make one block (one without the other, the end before the
+    start, a marker twice) are refused, naming their lines: rewriting around them would lose the user's text."""
+    start, end = section_markers(name, kind)
+
+    def lines_of(marker: str) -> list[int]:
+        return [text.count("\n", 0, m.start()) + 1 for m in re.finditer(re.escape(marker), text)]
+
+    starts, ends = lines_of(start), lines_of(end)
+    if not starts and not ends:
+        return None
+    where = f"{path}: the markers of grid {name!r} ({start} ... {end})"
+    if len(starts) != 1 or len(ends) != 1:
+        raise ValueError(
+            f"{where} must appear once each; found the start at line(s) {starts or 'none'} and the end at "
+            f"line(s) {ends or 'none'}. Fix or remove them; the file was not changed."
+        )
+    if ends[0] < starts[0] or text.index(end) < text.index(start):
+        raise ValueError(
+            f"{where} are in reverse order (end at line {ends[0]}, start at line {starts[0]}). Fix them; the file "
+            "was not changed."
+        )
+    return text.index(start), text.index(end) + len(end)
+
+
 def write_section(path: Path, name: str, table: str, kind: str = "experiment") -> None:
     """Put ``table`` between this grid's markers of ``kind`` in ``path`` (appended the first time); the rest is
-    kept."""
-    start = f"<!-- lanpo-{kind}:{name} -->"
-    end = f"<!-- /lanpo-{kind}:{name} -->"
-    text = path.read_text() if path.is_file() else ""
+    kept. The file is replaced at once (a kill mid-write leaves it whole); malformed markers are refused."""
+    from lanpo.run.files import write_text_atomic
+
+    start, end = section_markers(name, kind)
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
     block = f"{start}\n{table}{end}"
-    if start in text and end in text:
-        text = text[: text.index(start)] + block + text[text.index(end) + len(end) :]
+    bounds = find_section(path, text, name, kind)
+    if bounds is not None:
+        text = text[: bounds[0]] + block + text[bounds[1] :]
     else:
         text = (text.rstrip("\n") + "\n\n" if text else "") + block + "\n"
-    path.write_text(text)
+    write_text_atomic(path, text)
 
 
 def plot_results(grid: Grid, results: dict[str, dict[int, dict]], out: Path) -> Path | None:

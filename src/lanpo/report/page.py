@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
-from lanpo.run.files import read_jsonl, read_metrics, reward_is_accuracy
+from lanpo.run.files import read_jsonl, read_metrics, reward_is_accuracy, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -269,9 +269,7 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
         )
     out = Path(out) if out else Path(run_dirs[0]) / "report.html"
     title = "lanpo report: " + ", ".join(r["name"] for r in runs)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(render(runs, title), encoding="utf-8")
-    tmp.replace(out)
+    write_text_atomic(out, render(runs, title))
     return out
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,6 +116,26 @@ def reward_is_accuracy(rows: list[dict]) -> bool:
         if k.startswith("reward/") and k.endswith("/mean")
     ]
     return all(a is not None and abs(float(v) - float(a)) < 1e-9 for v, a in pairs)
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path``'s text all at once: written to a temporary file beside it, then renamed over it, so a
+    kill mid-write leaves the old file whole (and at most a stray ``.tmp`` file), never a half or empty one."""
+    path = Path(path)
+    handle = tempfile.NamedTemporaryFile(
+        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+    )
+    try:
+        with handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if path.exists():
+            os.chmod(handle.name, path.stat().st_mode & 0o7777)
+        os.replace(handle.name, path)
+    except BaseException:
+        Path(handle.name).unlink(missing_ok=True)
+        raise
 
 
 def check_writable(folder: str | Path, what: str, keep: bool = False) -> None:
