@@ -362,6 +362,50 @@ def test_report_serve_serves_the_written_file_on_a_free_port(trained_run, tmp_pa
         proc.wait(timeout=30)
 
 
+def test_report_serve_serves_the_report_alone_never_the_run_folder(tmp_path):
+    """The run's pool, config and checkpoints lie beside report.html: none of them, nor a listing, is served."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from lanpo.report.page import make_server
+
+    (tmp_path / "pool.sqlite").write_bytes(b"SQLite format 3\0 private")
+    (tmp_path / "config.yaml").write_text("hub_token: secret\n")
+    (tmp_path / "checkpoint-1").mkdir()
+    report = tmp_path / "report.html"
+    report.write_text("<html>the report</html>")
+    server = make_server(report, 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for path in ("/", "/report.html", "/report.html?tab=pool"):
+            with urllib.request.urlopen(base + path, timeout=30) as response:
+                assert response.read() == report.read_bytes()
+        for path in ("/pool.sqlite", "/config.yaml", "/checkpoint-1/", "/../report.html", "/%2e%2e/x", "/x/"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(base + path, timeout=30)
+            assert refused.value.code == 404, path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_report_serve_names_a_busy_port(tmp_path):
+    import socket
+
+    from lanpo.report.page import make_server
+
+    report = tmp_path / "report.html"
+    report.write_text("<html></html>")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"port {port} is in use"):
+            make_server(report, port)
+
+
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it when apt-get can)")
 def test_the_browser_helper_runs_in_a_fresh_process_whose_own_pipes_take_fds_3_and_4(tmp_path):
     import sys

@@ -273,13 +273,40 @@ def write_report(run_dirs: list[str | Path], out: str | Path | None = None) -> P
     return out
 
 
-def serve(path: Path, port: int = 8000) -> None:
-    """Serve the report's folder on localhost (Ctrl-C stops)."""
-    import functools
+def make_server(path: Path, port: int = 8000, host: str = "127.0.0.1"):
+    """An HTTP server of the report alone (it is self-contained): ``/`` and ``/<its name>`` answer with it, every
+    other path with 404, so the run's pool, config and checkpoints beside it are never served."""
+    import errno
     import http.server
 
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(path.parent))
-    with http.server.ThreadingHTTPServer(("127.0.0.1", port), handler) as server:
+    body = Path(path).read_bytes()
+    names = {"/", f"/{Path(path).name}"}
+
+    class ReportOnly(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.split("?", 1)[0] not in names:
+                self.send_error(404, "only the report is served")
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # quiet: the terminal shows the one line serve prints
+            pass
+
+    try:
+        return http.server.ThreadingHTTPServer((host, port), ReportOnly)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise OSError(f"port {port} is in use: choose another with --port, or --port 0 for any free one") from None
+        raise
+
+
+def serve(path: Path, port: int = 8000) -> None:
+    """Serve the report alone on localhost (Ctrl-C stops)."""
+    with make_server(path, port) as server:
         print(f"Serving http://127.0.0.1:{server.server_address[1]}/{path.name} (Ctrl-C stops)", flush=True)
         try:
             server.serve_forever()
