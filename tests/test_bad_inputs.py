@@ -60,6 +60,7 @@ def workdir(tmp_path, monkeypatch):
     ):
         (tmp_path / f"{name}.yaml").write_text(text)
     (tmp_path / "nan.yaml").write_text("strip_ratio_clip: .nan\n")
+    (tmp_path / "null-g.yaml").write_text("num_generations: null\n")
     (tmp_path / "latin1.yaml").write_bytes("learning_rate: 0.001\n# caf\u00e9\n".encode("latin-1"))
     (tmp_path / "nosteps").mkdir()
     (tmp_path / "nosteps" / "metrics.jsonl").write_text("")
@@ -187,6 +188,10 @@ CASES = [  # (argv, what the message must name)
     (["sft-data", "--out", "x.jsonl", "--temperature", "nan"], "--temperature"),
     (["sft-data", "--out", "x.jsonl", "--mix", "nan,1,1"], "nan,1,1"),
     (["report", "nosteps", "--serve", "--port", "65536"], "--port"),
+    # round four: settings checked before anything loads, named
+    (["train", "--config", "null-g.yaml"], "num_generations"),
+    (["train", "--output_dir", ""], "output_dir"),
+    (["train", "--output_dir", "  "], "output_dir"),
 ]
 
 
@@ -282,3 +287,13 @@ def test_valid_spellings_of_numbers_are_accepted():
     assert probability("1e0") == 1.0 and probability("0.95") == 0.95 and probability(".5") == 0.5
     assert unit_interval("1E-1") == 0.1 and skill_mix("1,2e0,0") == [1.0, 2.0, 0.0]
     assert port("0") == 0 and port("65535") == 65535
+
+
+def test_use_vllm_without_vllm_is_refused_before_a_model_loads(workdir, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    assert main(["train", "--use_vllm", "true", "--output_dir", "r"]) == 2
+    text = capsys.readouterr().err
+    assert "use_vllm needs vLLM" in text and "a model was loaded" not in text and not (workdir / "r").exists()

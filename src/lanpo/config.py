@@ -255,7 +255,11 @@ class LanpoConfig(GRPOConfig):
             if getattr(self, name) not in options:
                 raise ValueError(f"{name} must be one of {', '.join(options)}; got {getattr(self, name)!r}.")
 
-        if self.num_generations is not None and self.num_generations < 2:
+        if self.num_generations is None or isinstance(self.num_generations, bool):
+            raise ValueError(f"num_generations (G) must be an integer >= 2, got {self.num_generations!r}.")
+        if self.output_dir is not None and not str(self.output_dir).strip():
+            raise ValueError("output_dir is empty: name the folder the run writes to.")
+        if self.num_generations < 2:
             raise ValueError(
                 f"num_generations (G) must be >= 2, got {self.num_generations}: GRPO and LANPO compare "
                 "rollouts within a group of G."

