@@ -297,3 +297,18 @@ def test_use_vllm_without_vllm_is_refused_before_a_model_loads(workdir, capsys, 
     assert main(["train", "--use_vllm", "true", "--output_dir", "r"]) == 2
     text = capsys.readouterr().err
     assert "use_vllm needs vLLM" in text and "a model was loaded" not in text and not (workdir / "r").exists()
+
+
+def test_a_run_stopped_before_its_first_checkpoint_points_at_a_command_that_works(workdir, capsys):
+    """Killed during the step-0 evaluation: --resume latest and the original command each refused, pointing at
+    the other. Both now point at starting it again with --overwrite."""
+    run = workdir / "stopped"
+    run.mkdir()
+    (run / "config.yaml").write_text(f"model_name_or_path: smollm2-135m\noutput_dir: {run}\n")
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/arith/zero-shot/mean@4": 0.2}) + "\n")
+    assert main(["train", "--resume", "latest", "--output_dir", str(run)]) == 2
+    resume = capsys.readouterr().err
+    assert main(["train", "--output_dir", str(run)]) == 2
+    again = capsys.readouterr().err
+    assert f"--config {run / 'config.yaml'} --overwrite" in resume
+    assert "--overwrite" in again and "--resume latest" not in again and "nothing to continue" in again

@@ -352,7 +352,10 @@ def resume_target(resume: str | None, output_dir: str) -> tuple[str | None, str]
         return str(path), str(path.parent)
     last = checkpoints.latest(path) if path.is_dir() else None
     if last is None:
-        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint-* directory in {path}.")
+        again = ""
+        if (path / "config.yaml").is_file():  # a run that stopped before its first checkpoint: nothing to resume
+            again = f" It stopped before its first checkpoint: start it again with --config {path / 'config.yaml'} --overwrite."
+        raise FileNotFoundError(f"--resume {resume}: no complete checkpoint-* directory in {path}.{again}")
     return str(last), str(path)
 
 
@@ -379,9 +382,12 @@ def prepare_run_dir(run_dir: Path, resuming: bool, overwrite: bool) -> None:
     found = [n for n in RUN_FILES if (run_dir / n).exists()] + [p.name for p in checkpoints.checkpoints(run_dir)]
     if found and not resuming:
         if not overwrite:
+            how = "continue it with --resume latest, " if checkpoints.latest(run_dir) is not None else ""
+            if not how:
+                how = "it stopped before its first checkpoint, so there is nothing to continue: "
             raise FileExistsError(
-                f"{run_dir} already holds a run ({', '.join(found[:4])}): continue it with "
-                "--resume latest, replace it with --overwrite, or choose another --output_dir."
+                f"{run_dir} already holds a run ({', '.join(found[:4])}): {how}replace it with --overwrite, or "
+                "choose another --output_dir."
             )
         shutil.rmtree(run_dir)
     checkpoints.discard_staging(run_dir)
