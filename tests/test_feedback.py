@@ -102,6 +102,34 @@ def test_scrub_reads_negative_numbers_in_words_and_spaced_forms(gold, lesson, st
     assert (lesson not in kept) is states and "line up the digits" in kept
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(1, 40),
+    st.integers(2, 40),
+    st.integers(1, 5),
+    st.sampled_from(["\\frac", "\\dfrac", "\\tfrac"]),
+    st.sampled_from(["-", "\u2212"]),
+    st.sampled_from(["it is {}", "x={}", "so the value is {} here", "{}", "y = {}."]),
+    st.sampled_from(["{num}/{den}", "\\frac{{{num}}}{{{den}}}", "{value}"]),
+)
+def test_scrub_drops_negative_latex_fractions_that_state_the_gold(num, den, scale, frac, minus, template, gold_form):
+    """Issue 50: with gold -1/2, "it is -\\frac{1}{2}", "x=-\\frac{1}{2}" and -\\frac{4}{2} for gold -2 were kept;
+    a negative fraction in any LaTeX spelling that equals the gold is now dropped, and its positive twin (a
+    different number) is kept."""
+    from fractions import Fraction
+
+    value = Fraction(num, den)
+    gold = "-" + gold_form.format(num=num, den=den, value=float(value) if value.denominator in (1, 2, 4, 5) else "")
+    if gold == "-":
+        gold = f"-{num}/{den}"
+    lesson = template.format(f"{minus}{frac}{{{num * scale}}}{{{den * scale}}}")
+    positive = template.format(f"{frac}{{{num * scale}}}{{{den * scale}}}")
+    kept, dropped = clean_lessons([lesson, positive, "line up the digits"], [gold])
+    assert lesson not in kept, (gold, lesson)
+    assert positive in kept or value == -value, (gold, positive)
+    assert "line up the digits" in kept
+
+
 # -- property test: whatever the model wrote and whatever other entries say, a context never leaks -----------------
 
 words = st.text(alphabet=string.ascii_letters + string.digits + " +-=.,", min_size=0, max_size=60)

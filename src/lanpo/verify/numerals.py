@@ -344,7 +344,7 @@ _WORD_RUN = re.compile(
     re.IGNORECASE,
 )
 _SPANS = [  # in priority order: a span taken whole hides the numbers inside it (6/2 is 3, not 6 and 2)
-    re.compile(r"\\[dt]?frac\s*\{[^{}]{1,60}\}\s*\{[^{}]{1,60}\}|\\[dt]?frac\s*\d\s*\d"),  # \frac{14}{2}, \frac12
+    re.compile(r"-?\\[dt]?frac\s*\{[^{}]{1,60}\}\s*\{[^{}]{1,60}\}|-?\\[dt]?frac\s*\d\s*\d"),  # -\frac{14}{2}, \frac12
     re.compile(r"-?\d+(?:\.\d+)?\s*(?:\\times|\\cdot|x|\*)\s*10\s*\^\s*\{?\s*-?\d{1,4}\s*\}?"),  # 7 \times 10^{0}
     re.compile(r"-?\d{1,6}\s*\^\s*(?:\{\s*-?\d{1,5}\s*\}|\d)"),  # 10^3, 2^{10}
     re.compile(r"-?\d+\s*/\s*\d+"),  # 14/2
