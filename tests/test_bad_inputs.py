@@ -60,6 +60,10 @@ def workdir(tmp_path, monkeypatch):
     ):
         (tmp_path / f"{name}.yaml").write_text(text)
     (tmp_path / "nan.yaml").write_text("strip_ratio_clip: .nan\n")
+    from lanpo.pool.io import export_jsonl
+
+    with ExperiencePool(tmp_path / "pool.sqlite", readonly=True) as pool:
+        export_jsonl(pool, tmp_path / "one.jsonl")
     (tmp_path / "null-g.yaml").write_text("num_generations: null\n")
     (tmp_path / "latin1.yaml").write_bytes("learning_rate: 0.001\n# caf\u00e9\n".encode("latin-1"))
     (tmp_path / "nosteps").mkdir()
@@ -192,6 +196,7 @@ CASES = [  # (argv, what the message must name)
     (["train", "--config", "null-g.yaml"], "num_generations"),
     (["train", "--output_dir", ""], "output_dir"),
     (["train", "--output_dir", "  "], "output_dir"),
+    (["pool", "import", UNWRITABLE + "/pool.sqlite", "one.jsonl"], UNWRITABLE),
 ]
 
 

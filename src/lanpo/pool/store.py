@@ -255,25 +255,42 @@ class ExperiencePool:
             conn.close()
 
     def _create_file(self) -> None:
-        """Build the empty pool under a temporary name, then rename it into place (a kill leaves no pool)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for stale in self.path.parent.glob(f".{self.path.name}.*.creating*"):  # a kill during creation left it
-            try:  # (with its -journal); another process may rename or remove its own at any moment
-                if time.time() - stale.stat().st_mtime > 60:
-                    stale.unlink(missing_ok=True)
-            except FileNotFoundError:
-                pass
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
-        conn = sqlite3.connect(tmp)
+        """Build the empty pool under a temporary name, then put it in place only if no pool is there yet (a kill
+        leaves no pool; of processes creating one pool at once, the first wins and the others open it)."""
         try:
-            self.conn = conn
-            self._create()
-        finally:
-            conn.close()
-        if self.path.exists() and self.path.stat().st_size > 0:  # another process created it first: use theirs
-            tmp.unlink(missing_ok=True)
-        else:
-            os.replace(tmp, self.path)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            for stale in self.path.parent.glob(f".{self.path.name}.*.creating*"):  # a kill during creation left it
+                try:  # (with its -journal); another process may rename or remove its own at any moment
+                    if time.time() - stale.stat().st_mtime > 60:
+                        stale.unlink(missing_ok=True)
+                except FileNotFoundError:
+                    pass
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.creating")
+            conn = sqlite3.connect(tmp)
+            try:
+                # WAL is set here, while no other connection exists: switching a shared file to it takes a lock
+                # that the busy timeout does not wait for ("database is locked" when processes open it at once)
+                conn.execute("PRAGMA journal_mode=WAL")
+                self.conn = conn
+                self._create()
+            finally:
+                conn.close()
+        except (OSError, sqlite3.OperationalError) as error:
+            raise PoolError(
+                f"{self.path} cannot be created: its folder {self.path.parent} cannot be written "
+                f"({getattr(error, 'strerror', None) or error}). Name a pool in a folder you can write to."
+            ) from None
+        try:
+            # link, not rename: it fails when a pool appeared meanwhile, where a rename would move a new file
+            # under the connections other processes have already opened to it (their writes then fail with
+            # "attempt to write a readonly database")
+            os.link(tmp, self.path)
+        except FileExistsError:
+            pass  # another process created it first: use theirs
+        except OSError:  # a file system without hard links
+            if not (self.path.exists() and self.path.stat().st_size > 0):
+                os.replace(tmp, self.path)
+        tmp.unlink(missing_ok=True)
 
     def _check_schema(self) -> None:
         app_id = self.conn.execute("PRAGMA application_id").fetchone()[0]
