@@ -285,3 +285,57 @@ def test_reflections_that_verify_mostly_when_shown_a_right_attempt_are_rebalance
     assert report.dropped["reflect"]["kept to the candidates' share of right shown attempts"] > 0
     resumed = build_sft_data(problems, Copier(), out, n=60, mix=(0, 1, 0), tries=1, batch_size=16, progress=False)
     assert resumed.as_dict()["reflect_shown_attempt"] == shown  # counts come back from the files
+
+
+# -- round four (issue 50): a teacher that is away, files that are not ours -----------------------------------
+
+
+def test_problems_the_teacher_gave_nothing_for_are_not_done_and_a_resume_builds_them(tmp_path):
+    """Against an unreachable teacher every reply is empty: the build writes nothing, marks no problem done,
+    and the resume with the teacher back builds what a fresh build would (it built 1 example instead of 81)."""
+    out = tmp_path / "away.jsonl"
+    away = build_sft_data(PROBLEMS, lambda prompts: [""] * len(prompts), out, n=45, tries=2, progress=False)
+    assert away.written == 0 and away.teacher_failures > 0
+    progress = out.with_name(out.name + ".progress.jsonl")
+    assert not progress.exists() or progress.read_text() == ""  # nothing is done
+    back = build_sft_data(PROBLEMS, StubTeacher(), out, n=45, tries=2, progress=False)
+    fresh = build_sft_data(PROBLEMS, StubTeacher(), tmp_path / "fresh.jsonl", n=45, tries=2, progress=False)
+    assert back.written == fresh.written > 10
+
+
+def test_sft_data_against_an_unreachable_teacher_exits_2_saying_so(tmp_path, capsys):
+    from lanpo.cli import main
+
+    out = tmp_path / "x.jsonl"
+    argv = ["sft-data", "--teacher-url", "http://127.0.0.1:9/v1", "--data", "builtin:arith?n=4", "--out", str(out)]
+    assert main([*argv, "--tries", "1", "--n", "6", "--batch-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "gave no reply" in err and "run the same command again" in err
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        '[1, 2]\n"text"\n{"problem_id": 3, "skill": "reflect"}\n',
+        "null\n{}\n",
+        '{"skill": "dance", "problem_id": "p"}\n',
+    ],
+)
+def test_output_and_progress_lines_that_are_not_records_are_skipped(tmp_path, garbage, caplog):
+    out = tmp_path / "g.jsonl"
+    out.write_text(garbage)
+    out.with_name(out.name + ".progress.jsonl").write_text(garbage)
+    report = build_sft_data(PROBLEMS, StubTeacher(), out, n=12, tries=2, progress=False)
+    assert report.written > 0 and sum(report.kept.values()) == report.written
+    assert str(out) in caplog.text
+
+
+def test_a_binary_output_file_is_named_before_the_teacher_loads(tmp_path, capsys, monkeypatch):
+    import lanpo.engine.generation
+    from lanpo.cli import main
+
+    monkeypatch.setattr(lanpo.engine.generation, "load_for_generation", lambda *a, **k: pytest.fail("loaded"))
+    out = tmp_path / "x.jsonl"
+    out.with_name(out.name + ".progress.jsonl").write_bytes(b"\xff\xfe\x00garbage")
+    assert main(["sft-data", "--data", "builtin:arith?n=4", "--out", str(out)]) == 2
+    assert "x.jsonl.progress.jsonl is not UTF-8 text" in capsys.readouterr().err

@@ -165,6 +165,8 @@ class BuildReport:
     kept: Counter = field(default_factory=Counter)
     dropped: dict[str, Counter] = field(default_factory=lambda: {s: Counter() for s in SKILLS})
     shown: ShownBalance = field(default_factory=ShownBalance)
+    written: int = 0  # examples this run wrote (kept counts those of earlier runs too)
+    teacher_failures: int = 0  # (problem, skill) pairs the teacher gave no reply for: left to do on a resume
 
     def drop(self, skill: str, reason: str) -> None:
         self.dropped[skill][reason] += 1
@@ -174,7 +176,42 @@ class BuildReport:
             "kept": dict(self.kept),
             "dropped": {s: dict(c) for s, c in self.dropped.items() if c},
             "reflect_shown_attempt": self.shown.as_dict(),
+            "written_this_run": self.written,
+            "teacher_failures": self.teacher_failures,
         }
+
+
+# Drop reasons that say the teacher gave nothing, not that an example failed a check: such a (problem, skill) is
+# not done, so a resume with the teacher back tries it again. Nor is one that waited for lessons of other problems.
+TEACHER_FAILURES = ("empty reply (teacher failure)", "teacher wrote no attempt")
+NOT_YET = "no lessons of other problems yet"
+
+
+def resume_lines(path: Path) -> list[dict]:
+    """The JSON objects of an output or progress file, for resuming: a torn or foreign line is skipped (a warning
+    names the file and counts them); a file that is not UTF-8 text is refused by name."""
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): it is not a file sft-data wrote; "
+            "move it away, or name another --out."
+        ) from None
+    rows, skipped = [], 0
+    for line in text.splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("problem_id"), str) and row.get("skill") in SKILLS:
+            rows.append(row)
+        elif line.strip():
+            skipped += 1
+    if skipped:
+        logger.warning("%s: %d line(s) that are not sft-data records were skipped", path, skipped)
+    return rows
 
 
 def _example(skill: str, problem: Problem, prompt: Messages, reply: str, teacher: str) -> dict:
@@ -216,28 +253,21 @@ def build_sft_data(
     report = BuildReport()
     done = set()
     summaries = ExperiencePool()  # the summaries made so far feed the feedback skill
-    if out.exists():
-        for line in out.read_text().splitlines():
+    for ex in resume_lines(out):
+        report.kept[ex["skill"]] += 1
+        if ex["skill"] == "reflect" and isinstance(ex.get("shown_attempt_right"), bool):
+            report.shown.kept[ex["shown_attempt_right"]] += 1
+        if ex["skill"] == "summarize":
             try:
-                ex = json.loads(line)
-                report.kept[ex["skill"]] += 1
-                if ex["skill"] == "reflect" and "shown_attempt_right" in ex:
-                    report.shown.kept[ex["shown_attempt_right"]] += 1
-                if ex["skill"] == "summarize":
-                    _add_summary_entry(summaries, ex)
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a torn last line from an interrupted run
-    if progress_file.exists():
-        for line in progress_file.read_text().splitlines():
-            try:
-                row = json.loads(line)
-                done.add((row["problem_id"], row["skill"]))
-                if "shown_right" in row:
-                    report.shown.candidates[row["shown_right"]] += 1
-                if row.get("status") == "dropped":
-                    report.drop(row["skill"], row["reason"])
-            except (json.JSONDecodeError, KeyError):
-                continue
+                _add_summary_entry(summaries, ex)
+            except (KeyError, IndexError, TypeError, AttributeError):
+                pass  # an example we cannot read back still counts as kept; it only feeds no lesson
+    for row in resume_lines(progress_file):
+        done.add((row["problem_id"], row["skill"]))
+        if isinstance(row.get("shown_right"), bool):
+            report.shown.candidates[row["shown_right"]] += 1
+        if row.get("status") == "dropped":
+            report.drop(row["skill"], str(row.get("reason", "")))
     own_verifier = verifier is None
     verifier = verifier or MathVerifier()
     retriever = Retriever(summaries, "bm25", gamma=0.0, top_k=2, candidates=8)
@@ -263,8 +293,13 @@ def build_sft_data(
                 if example is not None:
                     sink.write(json.dumps(example, ensure_ascii=False) + "\n")
                     report.kept[skill] += 1
+                    report.written += 1
                     if bar is not None:
                         bar.update(1)
+                elif reason in TEACHER_FAILURES or reason == NOT_YET:  # not done: a resume asks again
+                    report.teacher_failures += reason in TEACHER_FAILURES
+                    report.drop(skill, reason)
+                    return
                 else:
                     report.drop(skill, reason)
                 row = {
@@ -422,7 +457,7 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
     for p, hits in zip(todo, found):
         result = build_abstraction_prompt(p.problem, [h.entry for h in hits], problem_id=p.id)
         if result.messages is None:
-            record(p, "feedback", None, "no lessons of other problems yet")
+            record(p, "feedback", None, NOT_YET)
             continue
         usable.append(p)
         prompts.append(result.messages)
@@ -500,6 +535,8 @@ def command(args) -> int:
         args.data, split=training_split(args.data, args.split), limit=args.limit, **field_kwargs(args)
     )
     check_writable(Path(args.out).parent, "--out's folder")  # before the teacher loads
+    for path in (Path(args.out), Path(args.out + ".progress.jsonl")):  # a file we cannot resume from: named now
+        resume_lines(path)
     if args.teacher_url:
         teacher = EndpointTeacher(
             args.teacher_url,
@@ -535,4 +572,10 @@ def command(args) -> int:
     Path(args.out + ".report.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     print(f"Examples: {args.out} (report: {args.out}.report.json)")
+    if report.written == 0 and report.teacher_failures:
+        where = args.teacher_url or args.teacher
+        raise RuntimeError(
+            f"the teacher ({where}) gave no reply for {report.teacher_failures} (problem, skill) pair(s) and no "
+            "example was written; those pairs are not marked done: run the same command again once it answers."
+        )
     return 0
