@@ -199,7 +199,8 @@ def resume_lines(path: Path) -> list[dict]:
             f"{path} is not UTF-8 text ({error.reason} at byte {error.start}): it is not a file sft-data wrote; "
             "move it away, or name another --out."
         ) from None
-    rows, skipped = [], 0
+    rows = []
+    skipped = 0
     for line in text.splitlines():
         try:
             row = json.loads(line)
