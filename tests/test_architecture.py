@@ -66,6 +66,7 @@ STAGES = [
     "run.checkpoints",
     "engine.vllm_cpu",
     "run.metrics",
+    "run.console",
     "run.files",
     "run.final",
     "run.plots",

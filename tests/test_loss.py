@@ -207,6 +207,25 @@ def test_keep_mode_with_several_micro_batches_trains_on_buckets(tiny_model_dir, 
     assert len(widths) == 4 and any(w != max(widths) for w in widths)  # micro-batches cut to their own widths
 
 
+def test_generation_from_a_prefilled_cache_raises_no_deprecation_warning(tiny_model_dir):
+    """transformers 5.24 renamed generate's cache argument: lanpo passes the name the installed version reads
+    (make demo printed a FutureWarning raised by lanpo's own call at every step)."""
+    import warnings
+
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    import lanpo.engine.generation as generation
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir)).eval()
+    ids, mask = left_pad([[5] * n for n in (3, 5, 40, 45)], 0)
+    assert generation.prefill_in_buckets(model, ids, mask) is not None  # the path that passes a cache
+    config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=[2])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        generation.sample_with_logprobs(model, ids, mask, config, [2])
+    assert not [w for w in caught if issubclass(w.category, FutureWarning | DeprecationWarning)], caught
+
+
 def test_prefill_in_buckets_continues_exactly_as_one_padded_prefill(tiny_model_dir):
     """Greedy completions and their log-probabilities are the same whether generate prefills the padded batch
     itself or continues from the two-bucket cache."""

@@ -838,3 +838,38 @@ def test_all_fail_share_counts_groups_with_no_right_row(groups):
     assert metrics["lanpo/all_fail_share"] == pytest.approx(expected)
     mixed = [rows for rows in groups if any(fb for fb, _ in rows) and not all(fb for fb, _ in rows)]
     assert ("lanpo/feedback_lift" in metrics) == bool(mixed)
+
+
+# -- the console (issue 50): one short line a step, not transformers' dictionary of every metric -------------
+
+
+def test_the_step_line_names_what_a_person_reads():
+    from lanpo.run.console import step_line
+
+    logs = {"step": 3, "reward": 0.375, "accuracy/scratch/mean": 0.25, "accuracy/feedback/mean": 0.5}
+    logs.update({"lanpo/feedback_share": 0.69, "step_time": 41.23, "loss": 0.1, "kl": 0.01, "completions/mean": 9})
+    assert step_line(logs, 12) == (
+        "step 3/12 | reward 0.38 | accuracy scratch 0.25, feedback 0.50 | feedback share 0.69 | 41.2 s/step"
+    )
+    held_out = {"step": 4, "eval/arith/zero-shot/mean@4": 0.25, "eval/arith/zero-shot/mean@4_stderr": 0.1}
+    assert step_line(held_out, 12) == "step 4/12 | arith/zero-shot/mean@4 0.250"
+    assert step_line({"step": 12, "train_runtime": 600.0, "train_loss": 0.1}, 12) == "done: step 12/12 in 10.0 min"
+    assert step_line({"step": 5, "total_flos": 1.0}) is None
+
+
+@pytest.mark.parametrize("bars", [True, False], ids=["progress-bar", "disable_tqdm"])
+def test_a_run_prints_one_short_line_a_step_and_no_metric_dictionary(tiny_model_dir, tmp_path, capsys, bars):
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=2, logging_steps=1, disable_tqdm=not bars)
+    stub_summaries(trainer)
+    kinds = {type(c) for c in trainer.callback_handler.callbacks}
+    assert ProgressCallback not in kinds and PrinterCallback not in kinds
+    trainer.train()
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "{'loss'" not in text and "'completions/mean_length'" not in text
+    lines = [line for line in text.splitlines() if line.startswith("step ") and "reward" in line]
+    assert [line.split(" | ")[0] for line in lines] == ["step 1/2", "step 2/2"]
+    assert "done: step 2/2 in" in text
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count('"kl"') == 2  # the full metrics still logged

@@ -35,6 +35,7 @@ from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
 from lanpo.prompts import solve_messages
 from lanpo.run import checkpoints
+from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
 from lanpo.run.metrics import real_prompts, row_record, step_metrics, time_metrics
 from lanpo.summarize import Trial, entry_from_summary, summarize_apart
@@ -89,6 +90,7 @@ class LanpoTrainer(GRPOTrainer):
                 rollout_func=self._rollout,
             )
         vllm_cpu.use_reload_weights(self)
+        use_step_lines(self)  # one short line a logging step; the full metrics go to metrics.jsonl
         self.run_dir = Path(args.output_dir)
         main = self.accelerator.is_main_process
         if main:

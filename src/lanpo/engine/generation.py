@@ -105,6 +105,17 @@ class SampledLogprobs:
         return torch.stack(self._values, 1) if self._values else sequences.new_zeros((len(sequences), 0)).float()
 
 
+def _cache_kwarg() -> str:
+    """``generate``'s name for a prefilled cache: ``cache`` where transformers names it so (5.24 deprecates
+    ``past_key_values`` with a FutureWarning at every call), ``past_key_values`` before."""
+    from transformers.generation import utils
+
+    return "cache" if "cache" in getattr(utils, "ALL_CACHE_NAMES", ()) else "past_key_values"
+
+
+_CACHE_KWARG = _cache_kwarg()
+
+
 def sample_with_logprobs(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor, generation_config, eos_token_ids: list[int]
 ) -> tuple[list[list[int]], list[list[float]]]:
@@ -123,7 +134,7 @@ def sample_with_logprobs(
             attention_mask=attention_mask,
             generation_config=generation_config,
             logits_processor=LogitsProcessorList([recorder]),
-            **({"past_key_values": cache} if cache is not None else {}),
+            **({_CACHE_KWARG: cache} if cache is not None else {}),
         )
     logprobs = recorder.finish(sequences).cpu()
     completions, values = [], []
