@@ -207,7 +207,7 @@ def test_keep_mode_with_several_micro_batches_trains_on_buckets(tiny_model_dir, 
     assert len(widths) == 4 and any(w != max(widths) for w in widths)  # micro-batches cut to their own widths
 
 
-def test_generation_from_a_prefilled_cache_raises_no_deprecation_warning(tiny_model_dir):
+def test_generation_from_a_prefilled_cache_raises_no_deprecation_warning(tiny_model_dir, monkeypatch):
     """transformers 5.24 renamed generate's cache argument: lanpo passes the name the installed version reads
     (make demo printed a FutureWarning raised by lanpo's own call at every step)."""
     import warnings
@@ -220,10 +220,15 @@ def test_generation_from_a_prefilled_cache_raises_no_deprecation_warning(tiny_mo
     ids, mask = left_pad([[5] * n for n in (3, 5, 40, 45)], 0)
     assert generation.prefill_in_buckets(model, ids, mask) is not None  # the path that passes a cache
     config = GenerationConfig(max_new_tokens=3, do_sample=False, pad_token_id=0, eos_token_id=[2])
+    import transformers.utils.generic
+
+    logged = []
+    monkeypatch.setattr(transformers.utils.generic.logger, "warning_once", lambda message, *a: logged.append(message))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         generation.sample_with_logprobs(model, ids, mask, config, [2])
     assert not [w for w in caught if issubclass(w.category, FutureWarning | DeprecationWarning)], caught
+    assert not [m for m in logged if "deprecated" in m], logged  # the cache read back under its current name
 
 
 def test_prefill_in_buckets_continues_exactly_as_one_padded_prefill(tiny_model_dir):

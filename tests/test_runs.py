@@ -491,3 +491,16 @@ def test_ctrl_c_mid_step_or_mid_save_says_where_the_run_stands_in_one_line_and_r
     [ref], [res] = _report(tmp_path / "ref", 1), _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and steps_logged(run) == steps_logged(reference)
     assert _samples_steps(run) == _samples_steps(reference)
+
+
+def test_the_command_line_prints_step_lines_and_no_library_deprecation_warnings(tiny_model_dir, tmp_path):
+    """Issue 50: `lanpo train` printed FutureWarnings of transformers' and TRL's own renames between the bar and
+    the step lines; the command line leaves them out (the Python API does not filter them)."""
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "lanpo.cli", "train", *tiny_args(tiny_model_dir, run, max_steps=1)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "default"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = done.stdout + done.stderr
+    assert "FutureWarning" not in text and "are deprecated" not in text, text[-3000:]
+    assert "step 1/1 | reward" in text and "{'loss'" not in text

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import logging
 import sys
+import warnings
 
 from lanpo import __version__
 
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             sub.add_parser(name, help=line, add_help=False)
     args, rest = parser.parse_known_args(argv)
+    # Deprecations inside transformers and TRL (renamed fields and methods they still use themselves): nothing a
+    # user of the command line can act on, so they do not go between the progress bar and the step lines.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|trl)(\.|$)")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

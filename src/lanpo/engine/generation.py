@@ -166,13 +166,14 @@ def prefill_in_buckets(model, input_ids: torch.Tensor, attention_mask: torch.Ten
                 continue
             mask = attention_mask[rows, width - span : width - 1]
             positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)  # as generate computes them
-            cache = model(
+            output = model(
                 input_ids=input_ids[rows, width - span : width - 1],
                 attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
                 logits_to_keep=1,
-            ).past_key_values
+            )
+            cache = getattr(output, _CACHE_KWARG)  # the name this transformers gives it (the other one warns)
             layers = getattr(cache, "layers", None)
             if not layers or any(type(layer).__name__ != "DynamicLayer" for layer in layers):
                 return None
