@@ -79,11 +79,13 @@ def test_torch_threads_are_the_cores_this_process_may_use_shared_by_lanpos_proce
 
     import torch
 
+    import lanpo.engine.models
     from lanpo.engine.models import size_cpu_threads
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(lanpo.engine.models, "cores_busy_elsewhere", lambda *a: 0.0)  # an idle machine
     before = torch.get_num_threads()
     try:
         assert size_cpu_threads() == expected and torch.get_num_threads() == expected
@@ -92,3 +94,121 @@ def test_torch_threads_are_the_cores_this_process_may_use_shared_by_lanpos_proce
         assert size_cpu_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+# -- a CPU shared with other work (issue 50) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cores,processes,elsewhere,expected",
+    [
+        (2, 1, 0.0, 2),
+        (2, 1, 0.4, 2),
+        (2, 1, 0.9, 1),
+        (2, 1, 2.0, 1),
+        (2, 1, None, 2),
+        (16, 4, 4.2, 3),
+        (16, 1, 3.0, 13),
+    ],
+)
+def test_threads_are_the_cores_other_work_leaves_idle(cores, processes, elsewhere, expected):
+    from lanpo.engine.models import cpu_threads
+
+    assert cpu_threads(cores, processes, elsewhere) == expected
+
+
+def test_the_started_run_sizes_threads_to_the_idle_cores_and_omp_num_threads_still_wins(monkeypatch):
+    import os
+
+    import torch
+
+    import lanpo.engine.models
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(lanpo.engine.models, "cores_busy_elsewhere", lambda *a: 1.0)  # one busy process
+    before = torch.get_num_threads()
+    try:
+        assert lanpo.engine.models.size_cpu_threads() == 1 and torch.get_num_threads() == 1
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        torch.set_num_threads(2)
+        assert lanpo.engine.models.size_cpu_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_thread_sizer_follows_other_work_between_steps(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from lanpo.trainer import ThreadSizer
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    readings = iter([1.1, 1.0, 0.1])
+
+    class Share:
+        seconds = 5.0
+
+        def elsewhere(self):
+            return next(readings)
+
+        def mark(self):
+            pass
+
+    sizer = ThreadSizer()
+    sizer.share = Share()
+    state = SimpleNamespace(global_step=1)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        seen = []
+        for _ in range(3):
+            sizer.on_step_end(None, state, None)
+            seen.append(torch.get_num_threads())
+        assert seen == [1, 1, 2]  # down beside a busy process, back up when it stops
+        sizer.share.seconds = 0.5  # a short step: a few clock ticks, no measurement
+        sizer.on_step_end(None, state, None)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_cpu_share_counts_other_programs_not_this_process_or_its_children():
+    """A busy program started apart (not a child) shows as about one core; this process's own children (the
+    verifier's workers, a vLLM engine) do not."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from lanpo.engine.models import CpuShare
+
+    if not os.path.exists("/proc/stat"):
+        pytest.skip("needs /proc/stat")
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # lanpo's own work
+    try:
+        time.sleep(0.3)
+        share = CpuShare()
+        time.sleep(1.5)
+        own = share.elsewhere()
+    finally:
+        child.kill()
+        child.wait()
+    out = subprocess.run(
+        ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    other = int(out.stdout.strip())
+    try:
+        time.sleep(0.3)
+        share = CpuShare()
+        time.sleep(1.5)
+        elsewhere = share.elsewhere()
+    finally:
+        os.kill(other, 9)
+    assert own is not None and own < 0.5, own
+    assert elsewhere is not None and 0.6 < elsewhere < 1.6, elsewhere

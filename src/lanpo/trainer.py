@@ -8,6 +8,7 @@ checkpoint hooks. With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import warnings
@@ -18,6 +19,7 @@ from typing import Any
 
 import torch
 from accelerate.utils import gather_object
+from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
@@ -27,6 +29,7 @@ from lanpo.config import LanpoConfig
 from lanpo.data.loaders import with_answer_column
 from lanpo.engine import vllm_cpu
 from lanpo.engine.generation import chat_ids, left_pad, length_limit, sample_with_logprobs
+from lanpo.engine.models import CpuShare, cpu_threads
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
 from lanpo.feedback.registry import make_sources
@@ -91,6 +94,9 @@ class LanpoTrainer(GRPOTrainer):
             )
         vllm_cpu.use_reload_weights(self)
         use_step_lines(self)  # one short line a logging step; the full metrics go to metrics.jsonl
+        one_cpu_process = self.accelerator.device.type == "cpu" and self.accelerator.num_processes == 1
+        if one_cpu_process and not os.environ.get("OMP_NUM_THREADS"):
+            self.add_callback(ThreadSizer())
         self.run_dir = Path(args.output_dir)
         main = self.accelerator.is_main_process
         if main:
@@ -553,3 +559,36 @@ class LanpoTrainer(GRPOTrainer):
         result = super().train(*args, **kwargs)
         self._summarize_pending_apart()  # the last step's trials
         return result
+
+
+class ThreadSizer(TrainerCallback):
+    """Between optimizer steps, re-size torch's CPU threads to the cores other work left idle during the step
+    (:class:`lanpo.engine.models.CpuShare`): a laptop is always shared, and a thread on a core another process
+    holds stalls every parallel region. Only for one CPU process without ``OMP_NUM_THREADS``; changes are logged."""
+
+    def __init__(self) -> None:
+        self.share: CpuShare | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.share = CpuShare()
+
+    MIN_SECONDS = 2.0  # a shorter interval is a few clock ticks of /proc/stat: noise, not a measurement
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.share is None or self.share.seconds < self.MIN_SECONDS:
+            return
+        elsewhere = self.share.elsewhere()
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        if elsewhere is not None:
+            threads = cpu_threads(cores, 1, elsewhere)
+            if threads != torch.get_num_threads():
+                logger.info(
+                    "torch threads %d -> %d: other work kept %.1f of %d cores busy during step %d",
+                    torch.get_num_threads(),
+                    threads,
+                    elsewhere,
+                    cores,
+                    state.global_step,
+                )
+                torch.set_num_threads(threads)
+        self.share.mark()

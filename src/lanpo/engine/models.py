@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -140,11 +141,78 @@ def check_model_name(name_or_path: str) -> None:
         raise ValueError(f"{name_or_path} is a file but not a .gguf model; pass a model directory or a hub id.")
 
 
-def size_cpu_threads(processes: int | None = None) -> int:
-    """Size torch's CPU threads to the cores this process may use (``os.sched_getaffinity``), shared by the
-    ``processes`` lanpo processes on this machine (default: ``LOCAL_WORLD_SIZE``, as ``accelerate launch`` sets
-    it). torch's default takes every core in every process: on a machine where other work runs, a training step
-    took 130-230 s instead of 11-14 s. ``OMP_NUM_THREADS``, when set, wins. Returns the count, and logs it."""
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds every core of the machine has spent busy since boot (``/proc/stat``; None elsewhere)."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [float(x) for x in handle.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle and iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its live children (the verifier's workers, a vLLM engine
+    core): lanpo's own work, which is not "other work"."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # it ended meanwhile
+            pass
+    return total
+
+
+class CpuShare:
+    """How many cores other work kept busy over an interval: the machine's busy time (``/proc/stat``) minus the CPU
+    time of this process and its children, over the wall-clock time between :meth:`mark` and :meth:`elsewhere`."""
+
+    def __init__(self) -> None:
+        self.mark()
+
+    def mark(self) -> None:
+        self._wall = time.monotonic()
+        self._busy = _machine_busy_seconds()
+        self._own = _own_cpu_seconds()
+
+    @property
+    def seconds(self) -> float:
+        """Wall-clock seconds since the mark."""
+        return time.monotonic() - self._wall
+
+    def elsewhere(self) -> float | None:
+        """Cores' worth of busy time of other processes since the mark (None where it cannot be read)."""
+        busy = _machine_busy_seconds()
+        wall = self.seconds
+        if busy is None or self._busy is None or wall <= 0:
+            return None
+        return max(0.0, (busy - self._busy - (_own_cpu_seconds() - self._own)) / wall)
+
+
+def cores_busy_elsewhere(sample_seconds: float = 0.25) -> float | None:
+    """Cores other processes keep busy now, sampled over ``sample_seconds`` (None where it cannot be read)."""
+    share = CpuShare()
+    time.sleep(sample_seconds)
+    return share.elsewhere()
+
+
+def cpu_threads(cores: int, processes: int, elsewhere: float | None) -> int:
+    """torch threads for one of ``processes`` lanpo processes on ``cores`` cores, ``elsewhere`` of them kept busy
+    by other work: a thread on a core another process holds waits at every parallel region's barrier (a step
+    took 233 s instead of 11 s on 2 cores beside one busy process)."""
+    free = cores - round(elsewhere or 0.0)
+    return max(1, min(cores, free) // processes)
+
+
+def size_cpu_threads(processes: int | None = None, elsewhere: float | None = -1.0) -> int:
+    """Size torch's CPU threads to the cores this process may use (``os.sched_getaffinity``) that other work leaves
+    idle (sampled now, unless ``elsewhere`` gives the busy cores), shared by the ``processes`` lanpo processes on
+    this machine (default: ``LOCAL_WORLD_SIZE``, as ``accelerate launch`` sets it). ``OMP_NUM_THREADS``, when set,
+    wins. Returns the count, and logs it; :class:`ThreadSizer` re-sizes between training steps."""
     processes = max(1, processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if os.environ.get("OMP_NUM_THREADS"):
@@ -153,13 +221,16 @@ def size_cpu_threads(processes: int | None = None) -> int:
             "torch uses %d CPU threads (OMP_NUM_THREADS); %d cores are available to this process", threads, cores
         )
         return threads
-    threads = max(1, cores // processes)
+    if elsewhere is not None and elsewhere < 0:
+        elsewhere = cores_busy_elsewhere() if processes == 1 else None  # several lanpo processes: their share
+    threads = cpu_threads(cores, processes, elsewhere)
     torch.set_num_threads(threads)
     logger.info(
-        "torch uses %d CPU threads: %d cores available to this process, shared by %d lanpo process(es) "
+        "torch uses %d CPU threads: %d cores available to this process, %s, shared by %d lanpo process(es) "
         "(set OMP_NUM_THREADS to choose)",
         threads,
         cores,
+        "other work keeps none busy" if not elsewhere else f"other work keeps {elsewhere:.1f} busy",
         processes,
     )
     return threads
