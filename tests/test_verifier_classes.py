@@ -397,3 +397,34 @@ def test_lenient_fallback_never_reads_a_number_out_of_an_expression(lenient, gol
     expression = form.format(o=other, g=gold)
     assert lenient.score_texts([str(gold)], [f"so we get ${expression}$"]) == [0.0], expression
     assert lenient.score_texts([str(gold)], [f"so we get ${expression}$, which makes {gold}."]) == [1.0]
+
+
+LABELS = st.sampled_from(["x", "y", "a", "b", "p", "q", "n", "x_1", "x_{2}", "\\alpha"])
+JOINS = st.sampled_from([", ", ",\\, ", ",\\ ", "; ", " \\text{ and } "])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    values=st.lists(st.integers(-50, 50), min_size=2, max_size=4, unique=True),
+    labels=st.lists(LABELS, min_size=4, max_size=4),
+    labelled=st.lists(st.booleans(), min_size=4, max_size=4),
+    join=JOINS,
+    wrong=st.integers(-50, 50),
+)
+def test_a_labelled_list_stating_every_gold_value_and_no_other_is_credited(
+    strict, values, labels, labelled, join, wrong
+):
+    """Issue 50: `\\boxed{a=4,\\,-8,\\,-10}` and `x = -5, p = 14/3` for a list gold were scored 0. A list whose items
+    are labelled or not, each stating one value, is credited when it states every value of the gold and no
+    other; a missing, extra or wrong value, or an item whose chain disagrees, stays wrong."""
+    gold = ", ".join(map(str, values))
+    items = [f"{label} = {v}" if flag else str(v) for v, label, flag in zip(values, labels, labelled)]
+    if not any(labelled[: len(values)]):
+        items[0] = f"{labels[0]} = {values[0]}"  # at least one label: the class this test is about
+    assert strict.score_texts([gold], [f"\\boxed{{{join.join(items)}}}"]) == [1.0], items
+    if wrong not in values:
+        extra = join.join([*items, f"{labels[1]} = {wrong}"])
+        swapped = join.join([*items[:-1], f"{labels[2]} = {wrong}"])
+        chain = join.join([f"{labels[0]} = {values[0]} = {wrong}", *items[1:]])
+        for hedge in (extra, swapped, chain, join.join(items[:-1])):
+            assert strict.score_texts([gold], [f"\\boxed{{{hedge}}}"]) == [0.0], hedge

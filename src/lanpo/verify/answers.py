@@ -268,13 +268,19 @@ _LIST = re.compile(r"\\text\{\s*(?:and)\s*\}|\band\b|[,;]")
 _SUBSCRIPT = re.compile(r"_(?:\{[^{}]*\}|\\?\w)")
 _ARGUMENTS = re.compile(r"(?<=[A-Za-z}])\s*\([^()]*\)")  # f(2), P(A \cap B), \overline{AB}(3)
 _COMMAND = re.compile(r"\\[A-Za-z]+")
+_SPACING = re.compile(r"\\[,!;: ]")
+# Greek letters that name quantities (``\alpha = 30``); not \pi, which is a value
+_GREEK = re.compile(
+    r"\\(?:alpha|beta|gamma|delta|theta|phi|varphi|lambda|mu|omega|sigma|rho|tau|psi|chi|eta|zeta|xi|nu|kappa"
+    r"|epsilon|varepsilon)(?![A-Za-z])"
+)
 
 
 def is_label(part: str) -> bool:
     """Whether ``part`` names a quantity rather than states a value: letters, a tuple of letters, a segment or
     an angle (``AB``, ``\\angle ABC``), a function of its arguments (``f(2)``, ``P(A)``), subscripts and all
     (``S_{10}``, ``a_1 + a_2``): no number outside subscripts and arguments, and at least one letter."""
-    bare = _COMMAND.sub(" ", _ARGUMENTS.sub(" ", _SUBSCRIPT.sub(" ", part)))
+    bare = _COMMAND.sub(" ", _GREEK.sub("g", _ARGUMENTS.sub(" ", _SUBSCRIPT.sub(" ", part))))
     return not any(c.isdigit() for c in bare) and any(c.isalpha() for c in bare)
 
 
@@ -314,6 +320,12 @@ def stated_value(prediction: str, gold: str) -> str | None:
     """
     prediction = prediction.strip()
     choice = _labels_are_values(gold)
+    gold_items = split_values(gold, _LIST)
+    if len(gold_items) > 1 and not choice and not _EQUALS.search(gold):  # a list gold, written without labels
+        items = split_values(_SPACING.sub(" ", prediction), _LIST)
+        if len(items) > 1 and any(_EQUALS.search(item) for item in items):  # a labelled list: a = 4, -8, -10
+            values = [stated_value(item, gold_items[0]) for item in items]  # each item one value, chains checked
+            return None if None in values else ", ".join(values)
     parts = split_values(prediction, _EQUALS)
     if len(parts) > 1 and len(split_values(gold, _EQUALS)) == 1 and not choice:
         start = 0
