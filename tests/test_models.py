@@ -187,12 +187,16 @@ def test_cpu_share_counts_other_programs_not_this_process_or_its_children():
 
     if not os.path.exists("/proc/stat"):
         pytest.skip("needs /proc/stat")
-    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # lanpo's own work
-    try:
+
+    def measured() -> float | None:
         time.sleep(0.3)
         share = CpuShare()
         time.sleep(1.5)
-        own = share.elsewhere()
+        return share.elsewhere()
+
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # lanpo's own work
+    try:
+        own = measured()
     finally:
         child.kill()
         child.wait()
@@ -204,10 +208,7 @@ def test_cpu_share_counts_other_programs_not_this_process_or_its_children():
     )
     other = int(out.stdout.strip())
     try:
-        time.sleep(0.3)
-        share = CpuShare()
-        time.sleep(1.5)
-        elsewhere = share.elsewhere()
+        elsewhere = measured()
     finally:
         os.kill(other, 9)
     assert own is not None and own < 0.5, own
