@@ -428,3 +428,55 @@ def test_a_labelled_list_stating_every_gold_value_and_no_other_is_credited(
         chain = join.join([f"{labels[0]} = {values[0]} = {wrong}", *items[1:]])
         for hedge in (extra, swapped, chain, join.join(items[:-1])):
             assert strict.score_texts([gold], [f"\\boxed{{{hedge}}}"]) == [0.0], hedge
+
+
+GOLD_FORMS = st.sampled_from(["boxes", "and", "or-dollars", "first-label", "same-label"])
+
+
+def _rich_gold(values: list[int], form: str) -> str:
+    if form == "boxes":
+        return "".join(f"\\boxed{{{v}}}" for v in values)
+    if form == "and":
+        return f"\\boxed{{{', '.join(map(str, values[:-1]))} \\text{{ and }} {values[-1]}}}"
+    if form == "or-dollars":
+        return f"${', '.join(map(str, values[:-1]))}$ or ${values[-1]}$"
+    if form == "first-label":
+        rest = ",\\,".join(map(str, values[1:]))
+        return f"\\boxed{{a={values[0]},\\,{rest}}}"
+    return "\\boxed{" + " \\text{ and } ".join(f"p = {v}" for v in values) + "}"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    values=st.lists(st.integers(-50, 50), min_size=2, max_size=4, unique=True),
+    form=GOLD_FORMS,
+    order=st.randoms(use_true_random=False),
+    wrong=st.integers(-50, 50),
+)
+def test_a_gold_listing_its_values_in_a_rich_form_credits_the_plain_list_and_nothing_else(
+    strict, values, form, order, wrong
+):
+    """Issue 50 (Math-Verify's own cases): golds written as several boxes, joined by "and" or "or", or under one
+    label are the set of their values: a plain list of exactly those values, in any order, is credited; a list
+    with a value missing, one wrong or one extra is not."""
+    gold = _rich_gold(values, form)
+    shuffled = list(values)
+    order.shuffle(shuffled)
+    assert strict.score_texts([gold], [f"\\boxed{{{', '.join(map(str, shuffled))}}}"]) == [1.0], gold
+    if wrong not in values:
+        for bad in (shuffled[:-1], [*shuffled[:-1], wrong], [*shuffled, wrong]):
+            assert strict.score_texts([gold], [f"\\boxed{{{', '.join(map(str, bad))}}}"]) == [0.0], (gold, bad)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.integers(-50, 50), second=st.integers(-50, 50), number=st.integers(1000, 10**7))
+def test_golds_that_say_which_value_is_which_or_are_one_number_stay_as_written(strict, first, second, number):
+    """Different labels name each value (x = 2, y = 3): the swapped answer stays wrong. A number written with
+    thousands separators is one value, never a list."""
+    from lanpo.verify.answers import gold_as_list
+
+    gold = f"x = {first}, y = {second}"
+    assert gold_as_list(gold) is None and gold_as_list(f"{number:,}") is None
+    if first != second:
+        assert strict.score_texts([gold], [f"\\boxed{{x = {second}, y = {first}}}"]) == [0.0]
+    assert strict.score_texts([gold], [f"\\boxed{{x = {first}, y = {second}}}"]) == [1.0]

@@ -342,6 +342,45 @@ def stated_value(prediction: str, gold: str) -> str | None:
     return prediction
 
 
+_GOLD_LIST = re.compile(r"\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|[,;]")
+_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+
+
+def gold_as_list(gold: str) -> str | None:
+    """A gold answer that lists several values in a rich form, as the plain list ``v1, v2, ...``: several boxes
+    (``\\boxed{1}\\boxed{2}``), values joined by "and" or "or" (``\\boxed{6 \\text{ and } 8}``, ``$21,16$ or $11$``),
+    or under one label (``\\boxed{a=4,\\,-8,\\,-10}``, ``p = -1 \\text{ and } p = \\frac{15}{8}``). None for every
+    other gold (one value, a plain list, a tuple, an interval, an equation, and values under different labels,
+    which say which value is which): those are compared as written."""
+    text = gold.strip()
+    boxes = boxed_answers(text)
+    if len(boxes) == 1:
+        text = boxes[0]
+    elif len(boxes) > 1:
+        text = ", ".join(boxes)
+    for start, end in _DELIMITERS:
+        if text.startswith(start) and text.endswith(end) and len(text) > len(start) + len(end):
+            text = text[len(start) : -len(end)].strip()
+    text = _SPACING.sub(" ", text)
+    items = [item.strip().strip("$").strip() for item in split_values(text, _GOLD_LIST)]
+    items = [item for item in items if item]
+    rich = len(boxes) > 1 or bool(re.search(r"\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b|;", text))
+    values = []
+    labels = set()
+    for item in items:
+        parts = split_values(item, _EQUALS)
+        if len(parts) == 2 and is_label(parts[0]):
+            values.append(parts[1])
+            labels.add(re.sub(r"\s+", "", parts[0]))
+        elif len(parts) == 1:
+            values.append(parts[0])
+        else:
+            return None  # an equation or a chain: the gold is compared as written
+    if len(labels) > 1:
+        return None  # x = 2, y = 3 names which value is which: compared as written, never as a set
+    return ", ".join(values) if len(values) > 1 and (rich or labels) else None
+
+
 def boxes_as_list(text: str, gold: str) -> str | None:
     """Where the gold names several values (``2, 3``) and a completion boxes each of them once (``\\boxed{2}``
     and ``\\boxed{3}``): the boxes as one list answer. ``None`` when the gold is one value or the number of

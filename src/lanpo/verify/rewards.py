@@ -27,6 +27,7 @@ from lanpo.verify.answers import (
     boxes_as_list,
     extraction_mode,
     find_answer,
+    gold_as_list,
     latex_number,
     names_several_values,
     normalize_gold,
@@ -204,6 +205,7 @@ class MathVerifier:
         for i, (raw_gold, pred) in enumerate(zip(golds, predictions)):
             self.stats["answers"] += 1
             gold = normalize_gold(raw_gold)
+            gold = gold_as_list(gold) or gold  # several boxes, "and", labels: the plain list of its values
             if pred is None or not str(pred).strip():
                 self.stats["no_answer"] += 1
                 continue
