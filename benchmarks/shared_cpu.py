@@ -73,7 +73,7 @@ def step(model, ids, workload: str = "update") -> None:
 
 
 def timed(model, ids, steps: int, adaptive: bool, cores: int, workload: str) -> float:
-    from lanpo.engine.models import CpuShare, cpu_threads, size_cpu_threads
+    from lanpo.engine.models import CpuShare, follow_other_work, size_cpu_threads
 
     if adaptive:
         size_cpu_threads(processes=1)
@@ -85,11 +85,8 @@ def timed(model, ids, steps: int, adaptive: bool, cores: int, workload: str) -> 
         start = time.perf_counter()
         step(model, ids, workload)
         times.append(time.perf_counter() - start)
-        if adaptive and share.seconds >= 2.0:  # as lanpo.trainer.ThreadSizer does between steps
-            elsewhere = share.elsewhere()
-            if elsewhere is not None:
-                torch.set_num_threads(cpu_threads(cores, 1, elsewhere))
-            share.mark()
+        if adaptive:  # as lanpo.trainer.ThreadSizer does between steps
+            follow_other_work(share)
     return statistics.median(times)
 
 

@@ -29,7 +29,7 @@ from lanpo.config import LanpoConfig
 from lanpo.data.loaders import with_answer_column
 from lanpo.engine import vllm_cpu
 from lanpo.engine.generation import chat_ids, left_pad, length_limit, sample_with_logprobs
-from lanpo.engine.models import CpuShare, cpu_threads
+from lanpo.engine.models import CpuShare, follow_other_work
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
 from lanpo.feedback.registry import make_sources
@@ -563,8 +563,8 @@ class LanpoTrainer(GRPOTrainer):
 
 class ThreadSizer(TrainerCallback):
     """Between optimizer steps, re-size torch's CPU threads to the cores other work left idle during the step
-    (:class:`lanpo.engine.models.CpuShare`): a laptop is always shared, and a thread on a core another process
-    holds stalls every parallel region. Only for one CPU process without ``OMP_NUM_THREADS``; changes are logged."""
+    (:func:`lanpo.engine.models.follow_other_work`): a laptop is always shared, and a thread on a core another
+    process holds stalls every parallel region. Only for one CPU process without ``OMP_NUM_THREADS``."""
 
     def __init__(self) -> None:
         self.share: CpuShare | None = None
@@ -572,23 +572,6 @@ class ThreadSizer(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.share = CpuShare()
 
-    MIN_SECONDS = 2.0  # a shorter interval is a few clock ticks of /proc/stat: noise, not a measurement
-
     def on_step_end(self, args, state, control, **kwargs):
-        if self.share is None or self.share.seconds < self.MIN_SECONDS:
-            return
-        elsewhere = self.share.elsewhere()
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        if elsewhere is not None:
-            threads = cpu_threads(cores, 1, elsewhere)
-            if threads != torch.get_num_threads():
-                logger.info(
-                    "torch threads %d -> %d: other work kept %.1f of %d cores busy during step %d",
-                    torch.get_num_threads(),
-                    threads,
-                    elsewhere,
-                    cores,
-                    state.global_step,
-                )
-                torch.set_num_threads(threads)
-        self.share.mark()
+        if self.share is not None:
+            follow_other_work(self.share)

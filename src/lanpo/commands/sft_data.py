@@ -183,7 +183,9 @@ class BuildReport:
 
 # Drop reasons that say the teacher gave nothing, not that an example failed a check: such a (problem, skill) is
 # not done, so a resume with the teacher back tries it again. Nor is one that waited for lessons of other problems.
-TEACHER_FAILURES = ("empty reply (teacher failure)", "teacher wrote no attempt")
+NO_REPLY = "empty reply (teacher failure)"
+NO_ATTEMPT = "teacher wrote no attempt"
+TEACHER_FAILURES = (NO_REPLY, NO_ATTEMPT)
 NOT_YET = "no lessons of other problems yet"
 
 
@@ -362,7 +364,7 @@ def _first_accepted(prompts: list[Messages], teacher: GenerateFn, tries: int, ac
         chosen = None
         for reply in replies[i * tries : (i + 1) * tries]:
             if not reply or not reply.strip():
-                reason = "empty reply (teacher failure)"
+                reason = NO_REPLY
                 continue
             reason = accept(i, reply)
             if not reason:
@@ -418,7 +420,7 @@ def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, s
         summaries.add([entry])
         record(p, "summarize", _example("summarize", p, prompts[i], canonical, teacher_name))
     for p in capped("summarize", [p for p in batch if want("summarize", p) and not attempts[p.id]]):
-        record(p, "summarize", None, "teacher wrote no attempt")
+        record(p, "summarize", None, NO_ATTEMPT)
 
     # 3. reflect: on an attempt chosen without regard to its reward (choosing wrong ones would teach "a shown
     # attempt is usually wrong": the reward leaking through the data), shown ungraded

@@ -208,13 +208,42 @@ def cpu_threads(cores: int, processes: int, elsewhere: float | None) -> int:
     return max(1, min(cores, free) // processes)
 
 
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def follow_other_work(share: CpuShare, min_seconds: float = 2.0) -> int | None:
+    """Between steps of one CPU process: re-size torch's threads to the cores other work left idle since
+    ``share``'s mark, and mark again. Returns the new count when it changed; None otherwise, and for an interval
+    shorter than ``min_seconds`` (a few clock ticks of /proc/stat: noise, not a measurement), left to grow."""
+    if share.seconds < min_seconds:
+        return None
+    elsewhere = share.elsewhere()
+    share.mark()
+    if elsewhere is None:
+        return None
+    threads = cpu_threads(available_cores(), 1, elsewhere)
+    if threads == torch.get_num_threads():
+        return None
+    logger.info(
+        "torch threads %d -> %d: other work kept %.1f of %d cores busy",
+        torch.get_num_threads(),
+        threads,
+        elsewhere,
+        available_cores(),
+    )
+    torch.set_num_threads(threads)
+    return threads
+
+
 def size_cpu_threads(processes: int | None = None, elsewhere: float | None = -1.0) -> int:
     """Size torch's CPU threads to the cores this process may use (``os.sched_getaffinity``) that other work leaves
     idle (sampled now, unless ``elsewhere`` gives the busy cores), shared by the ``processes`` lanpo processes on
     this machine (default: ``LOCAL_WORLD_SIZE``, as ``accelerate launch`` sets it). ``OMP_NUM_THREADS``, when set,
     wins. Returns the count, and logs it; :class:`ThreadSizer` re-sizes between training steps."""
     processes = max(1, processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = available_cores()
     if os.environ.get("OMP_NUM_THREADS"):
         threads = torch.get_num_threads()
         logger.info(
