@@ -50,6 +50,7 @@ STAGES = [
     "data.presets",
     "data.loaders",
     "engine.models",
+    "engine.logprobs",
     "pool.store",
     "pool.io",
     "pool.bm25",

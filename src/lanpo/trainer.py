@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object
+from accelerate.utils import gather_object, is_peft_model
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
@@ -29,6 +29,7 @@ from lanpo.config import LanpoConfig
 from lanpo.data.loaders import with_answer_column
 from lanpo.engine import vllm_cpu
 from lanpo.engine.generation import chat_ids, left_pad, length_limit, sample_with_logprobs
+from lanpo.engine.logprobs import HeadRequest, add_compact_lm_head
 from lanpo.engine.models import CpuShare, follow_other_work
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
@@ -93,6 +94,7 @@ class LanpoTrainer(GRPOTrainer):
                 rollout_func=self._rollout,
             )
         vllm_cpu.use_reload_weights(self)
+        self._head_request = self._compact_heads() if args.logprob_head == "compact" else None
         use_step_lines(self)  # one short line a logging step; the full metrics go to metrics.jsonl
         one_cpu_process = self.accelerator.device.type == "cpu" and self.accelerator.num_processes == 1
         if one_cpu_process and not os.environ.get("OMP_NUM_THREADS"):
@@ -472,7 +474,18 @@ class LanpoTrainer(GRPOTrainer):
             self._capture = None
             self.beta = beta
 
+    def _compact_heads(self) -> HeadRequest | None:
+        """``logprob_head="compact"``: the policy's and the reference model's log-probabilities from the completion
+        tokens alone (:mod:`lanpo.engine.logprobs`), patched over TRL's fused head where TRL patched it."""
+        request = HeadRequest(entropy_grad=self._entropy_bonus_enabled)
+        policy = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        patched = [add_compact_lm_head(m, self.temperature, request) for m in (policy, self.ref_model) if m is not None]
+        return request if all(patched) else None
+
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
+        if self._head_request is not None:  # the model's forward never sees compute_entropy
+            positional = args[5] if len(args) > 5 else False  # TRL's (model, ids, mask, keep, batch_size, entropy)
+            self._head_request.entropy = bool(kwargs.get("compute_entropy", positional))
         result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         capture = self._capture
         if capture is not None and capture.logps is None:  # the loss's forward: weights before TRL reads them

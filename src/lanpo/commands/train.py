@@ -159,6 +159,7 @@ HELP_GROUPS = {
         "strip_ratio_clip",
         "shaping_gamma",
         "advantage_grouping",
+        "logprob_head",
         "answer_extraction",
         "verify_time_limit",
     ],
