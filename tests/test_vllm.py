@@ -269,3 +269,64 @@ def test_a_finished_colocate_run_exits_cleanly_with_no_shutdown_traceback(vllm_m
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "run" / "final").is_dir()
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("feedback_ratio", [0.0, 0.5])
+def test_old_log_probabilities_from_the_loss_give_trl_s_ratio_loss_and_gradients(
+    vllm_model_dir, tmp_path, feedback_ratio
+):
+    """old_logps_from_loss on a batch TRL generated with its old-policy pass: the ratio written in the loss equals
+    TRL's (with the strip family's 1 on feedback rows), and so do the loss and its gradients (fp32, rtol 1e-5)."""
+    import torch
+
+    trainer = vllm_trainer(
+        vllm_model_dir, tmp_path / "old", feedback_ratio=feedback_ratio, max_steps=1, beta=0.04, learning_rate=1e-3
+    )
+    stub_summaries(trainer)
+    compute_loss, compared = trainer._compute_loss, []
+
+    def loss_and_grads(inputs):
+        value = compute_loss(trainer.model, inputs)
+        params = [p for p in trainer.model.parameters() if p.requires_grad]
+        return value, torch.autograd.grad(value, params, retain_graph=True, allow_unused=True)
+
+    def compare(model, inputs):
+        assert "old_per_token_logps" in inputs and "importance_sampling_ratio" in inputs  # TRL's pass ran
+        deferred = {k: v for k, v in inputs.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
+        want, want_grads = loss_and_grads(dict(inputs))
+        seen = {}
+        correct = trainer._correct_in_loss
+        trainer._correct_in_loss = lambda batch, old: (correct(batch, old), seen.update(batch))
+        got, got_grads = loss_and_grads(deferred)
+        trainer._correct_in_loss = correct
+        ratio, trl_ratio = seen["importance_sampling_ratio"], inputs["importance_sampling_ratio"]
+        assert torch.allclose(ratio, trl_ratio, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(seen["old_per_token_logps"], inputs["old_per_token_logps"], rtol=1e-5, atol=1e-6)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+        for a, b in zip(got_grads, want_grads):
+            assert (a is None and b is None) or torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+        compared.append(bool(inputs["lanpo_has_feedback"].any()) if "lanpo_has_feedback" in inputs else False)
+        return compute_loss(model, inputs)
+
+    trainer._compute_loss = compare
+    trainer.train()
+    assert compared and any(compared) == (feedback_ratio > 0)
+
+
+def test_old_log_probabilities_from_the_loss_skip_the_old_policy_pass(vllm_model_dir, tmp_path):
+    import torch
+
+    trainer = vllm_trainer(vllm_model_dir, tmp_path / "skip", old_logps_from_loss=True, beta=0.04, max_steps=2)
+    stub_summaries(trainer)
+    calls, original = [], trainer._get_per_token_logps_and_entropies
+
+    def counted(model, *args, **kwargs):
+        calls.append("loss" if torch.is_grad_enabled() else "reference" if model is trainer.ref_model else "old")
+        return original(model, *args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counted
+    trainer.train()
+    assert "old" not in calls and calls.count("loss") == 2 and calls.count("reference") == 2, calls
+    for key in ("loss", "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/max"):
+        values = history(trainer, key)
+        assert len(values) == 2 and all(v == v and abs(v) != float("inf") for v in values), (key, values)

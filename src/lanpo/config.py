@@ -169,6 +169,16 @@ class LanpoConfig(GRPOConfig):
         },
     )
 
+    old_logps_from_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "Under vLLM's importance-sampling correction TRL runs a no-grad forward of every generation batch "
+            "for pi_old. Where no optimizer step falls between a generation and its loss (gradient_accumulation_steps "
+            "a multiple of steps_per_generation x num_iterations), pi_old is the loss forward's own detached value: "
+            "take it there and correct in the loss, one forward a step fewer; values equal to rounding."
+        },
+    )
+
     # -- reward ----------------------------------------------------------------------------------------------
     answer_extraction: Extraction = field(
         default="strict",

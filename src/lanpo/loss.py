@@ -18,6 +18,7 @@ on the batch); ``LanpoTrainer`` calls them from TRL's loss hooks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -205,6 +206,40 @@ def kl_sums(kl: torch.Tensor, mask: torch.Tensor, feedback: torch.Tensor) -> tor
         feedback_mask.sum(),
     ]
     return torch.stack([p.float() for p in parts])
+
+
+@dataclass(frozen=True)
+class SamplingCorrection:
+    """TRL's vLLM importance-sampling correction, from its config."""
+
+    mode: str  # vllm_importance_sampling_mode: token_truncate, token_mask, sequence_truncate, sequence_mask
+    clip_min: float | None
+    clip_max: float | None
+
+
+def importance_sampling_ratio(
+    old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor, correction: SamplingCorrection
+) -> torch.Tensor:
+    """π_old / π_sampler as TRL's ``_generate_and_score_completions`` computes it (per token, or per sequence with a
+    (B, 1) shape), truncated or masked to [clip_min, clip_max]; tokens the sampler could not score (NaN) get 1."""
+    log_ratio = torch.nan_to_num((old - sampling) * mask, nan=0.0)
+    if correction.mode.startswith("sequence"):
+        log_ratio = log_ratio.sum(-1, keepdim=True)
+    ratio = torch.exp(log_ratio)
+    if correction.mode.endswith("truncate"):
+        return torch.clamp(ratio, min=correction.clip_min, max=correction.clip_max)
+    low = -math.inf if correction.clip_min is None else correction.clip_min
+    high = math.inf if correction.clip_max is None else correction.clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
+def correct_in_loss(inputs: dict, old: torch.Tensor, correction: SamplingCorrection) -> None:
+    """π_old taken from the loss forward (``old_logps_from_loss``): TRL's old log-probabilities and its importance
+    ratio written into the micro-batch before TRL's loss reads them, as its generation would have."""
+    inputs["old_per_token_logps"] = old
+    inputs["importance_sampling_ratio"] = importance_sampling_ratio(
+        old, inputs["sampling_per_token_logps"], completion_mask(inputs), correction
+    )
 
 
 def strip_vllm_correction(output: dict, has_feedback: torch.Tensor) -> torch.Tensor:

@@ -143,6 +143,7 @@ class LanpoTrainer(GRPOTrainer):
         )
         self._plan: StepPlan | None = None  # the plan of the step at hand, built when its generation starts
         self._capture: loss.LossCapture | None = None  # the micro-batch inside TRL's loss, on steps with feedback
+        self._correct_at_forward: dict | None = None  # the micro-batch whose vLLM correction waits for the forward
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
         self._batch_inputs = None
@@ -277,11 +278,33 @@ class LanpoTrainer(GRPOTrainer):
         self._batch_inputs = inputs
         self._rows = None
         start = time.perf_counter()
-        output = super()._generate_and_score_completions(inputs)
+        with self._old_pass_deferred(self.model.training and self._old_logps_from_loss()):
+            output = super()._generate_and_score_completions(inputs)
         if self.model.training and self._rows is not None:
             self._after_rollouts(output)
         self._timer["rollout_total"] += time.perf_counter() - start
         return output
+
+    def _old_logps_from_loss(self) -> bool:
+        """``old_logps_from_loss`` applies: vLLM's correction is on and no optimizer step falls between a generation
+        and its loss, so π_old is the loss forward's own (detached) value."""
+        args = self.args
+        every = args.steps_per_generation * self.num_iterations
+        on = args.old_logps_from_loss and self.use_vllm and args.vllm_importance_sampling_correction
+        return on and args.gradient_accumulation_steps % every == 0
+
+    @contextmanager
+    def _old_pass_deferred(self, active: bool):
+        """TRL's generation without its old log-probability pass and importance ratio (the loss computes both:
+        :func:`lanpo.loss.correct_in_loss`)."""
+        if not active:
+            yield
+            return
+        self.vllm_importance_sampling_correction = False
+        try:
+            yield
+        finally:
+            self.vllm_importance_sampling_correction = True
 
     def _local(self, tensor: torch.Tensor) -> torch.Tensor:
         """This process's rows of a tensor gathered over every process (TRL gathers in process order)."""
@@ -402,9 +425,10 @@ class LanpoTrainer(GRPOTrainer):
             logps = torch.where(torch.tensor(missing, device=device)[:, None], forward, logps)
         output[loss.CONTEXT_LOGPS] = logps
 
-    def _log_sampling(self, local: torch.Tensor) -> None:
+    def _log_sampling(self, local: torch.Tensor, append: bool = False) -> None:
         """TRL's ``sampling/*`` values of this step, replaced by those of the correction applied
-        (:func:`lanpo.loss.strip_vllm_correction`), over every process."""
+        (:func:`lanpo.loss.strip_vllm_correction`), over every process; appended where TRL's generation logged none
+        (the correction computed in the loss)."""
         metrics = self._metrics["train"]
         values = self.accelerator.gather(local[None])
         finite = ~torch.isnan(values)
@@ -418,8 +442,11 @@ class LanpoTrainer(GRPOTrainer):
         ]
         for k, (name, op) in enumerate(zip(names, reduce)):
             column = values[:, k][finite[:, k]]
-            if metrics.get(f"sampling/{name}"):
-                metrics[f"sampling/{name}"][-1] = float(op(column)) if column.numel() else float("nan")
+            value = float(op(column)) if column.numel() else float("nan")
+            if append:
+                metrics[f"sampling/{name}"].append(value)
+            elif metrics.get(f"sampling/{name}"):
+                metrics[f"sampling/{name}"][-1] = value
 
     # -- the loss: TRL's, with LANPO's treatment of feedback rows (lanpo.loss) --------------------------------
 
@@ -440,6 +467,9 @@ class LanpoTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         capture = loss.capture(inputs)
+        deferred = "importance_sampling_ratio" not in inputs and "sampling_per_token_logps" in inputs
+        if deferred and self.use_vllm and self.vllm_importance_sampling_correction:  # old_logps_from_loss
+            self._correct_at_forward = inputs if capture is None else capture.inputs  # the dict TRL's loss reads
         if capture is None:
             return super()._compute_loss(model, inputs)  # no feedback planned this step: TRL's loss, untouched
         with self._loss_without_kl(capture):
@@ -487,12 +517,31 @@ class LanpoTrainer(GRPOTrainer):
             positional = args[5] if len(args) > 5 else False  # TRL's (model, ids, mask, keep, batch_size, entropy)
             self._head_request.entropy = bool(kwargs.get("compute_entropy", positional))
         result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if self._correct_at_forward is not None:  # the loss's forward: π_old and the vLLM correction from it
+            self._correct_in_loss(self._correct_at_forward, result[0].detach())
+            self._correct_at_forward = None
         capture = self._capture
         if capture is not None and capture.logps is None:  # the loss's forward: weights before TRL reads them
             loss.record_forward(capture, result[0])
             if capture.context is not None:
                 self._log_strip_weights(loss.reweight(capture, self.args.strip_ratio_clip))
         return result
+
+    def _correct_in_loss(self, inputs: dict, old: torch.Tensor) -> None:
+        """``old_logps_from_loss``: TRL's importance ratio from the loss forward's π_old, with the strip family's
+        treatment of feedback rows (:func:`lanpo.loss.strip_vllm_correction`) and TRL's ``sampling/*`` metrics."""
+        correction = loss.SamplingCorrection(
+            self.vllm_importance_sampling_mode,
+            self.vllm_importance_sampling_clip_min,
+            self.vllm_importance_sampling_clip_max,
+        )
+        loss.correct_in_loss(inputs, old, correction)
+        capture = self._capture
+        if capture is not None and capture.plan.objective.strips_context:
+            has_feedback = capture.feedback.to(old.device)
+        else:
+            has_feedback = torch.zeros(old.size(0), dtype=torch.bool, device=old.device)
+        self._log_sampling(loss.strip_vllm_correction(inputs, has_feedback), append=True)
 
     def _log_strip_weights(self, local: torch.Tensor | None) -> None:
         if local is None:

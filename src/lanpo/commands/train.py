@@ -160,6 +160,7 @@ HELP_GROUPS = {
         "shaping_gamma",
         "advantage_grouping",
         "logprob_head",
+        "old_logps_from_loss",
         "answer_extraction",
         "verify_time_limit",
     ],
