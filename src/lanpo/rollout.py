@@ -184,6 +184,22 @@ def _timed(timer: Counter, part: str) -> Iterator[None]:
     timer[part] += time.perf_counter() - start
 
 
+def _generate_with_summaries(
+    model: RolloutModel, rows: list[Row], pending: list[Trial], indices: list[int], timer: Counter
+) -> list[list[int]]:
+    """``rows[indices]`` generated with the pending summaries riding in the same batch; the batch's seconds go to
+    ``generate`` and ``summarize`` by their shares of its tokens (an estimate: they decode side by side)."""
+    start = time.perf_counter()
+    summaries = _generate(model, rows, [summary_input(model, t) for t in pending], indices)
+    elapsed = time.perf_counter() - start
+    rollout_tokens = sum(len(rows[i].completion_ids) for i in indices)
+    summary_tokens = sum(len(c) for c in summaries)
+    share = summary_tokens / max(1, rollout_tokens + summary_tokens)
+    timer["generate"] += elapsed * (1 - share)
+    timer["summarize"] += elapsed * share
+    return summaries
+
+
 def lanpo_rollout(
     rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, context: StepContext
 ) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
@@ -203,14 +219,7 @@ def lanpo_rollout(
         if apart:
             with _timed(timer, "generate"):
                 _generate(model, rows, [], apart, feedback=True)
-    start = time.perf_counter()
-    summaries = _generate(model, rows, [summary_input(model, t) for t in context.pending], phase_a)
-    elapsed = time.perf_counter() - start
-    rollout_tokens = sum(len(rows[i].completion_ids) for i in phase_a)
-    summary_tokens = sum(len(c) for c in summaries)
-    share = summary_tokens / max(1, rollout_tokens + summary_tokens)
-    timer["generate"] += elapsed * (1 - share)
-    timer["summarize"] += elapsed * share  # token-share estimate: summaries ride in this batch
+    summaries = _generate_with_summaries(model, rows, context.pending, phase_a, timer)
     finished, carried = continue_summaries(model, context.pending, summaries)
 
     phase_b = [i for i, r in enumerate(rows) if (i - i % g, r.kind) in waiting]
@@ -254,8 +263,7 @@ def unsolved_rollout(
     for row, ids in zip(rows, plain_ids):
         row.kind = "scratch"
         row.plain_ids = ids
-    with _timed(timer, "generate"):
-        summaries = _generate(model, rows, [summary_input(model, t) for t in context.pending], list(range(len(rows))))
+    summaries = _generate_with_summaries(model, rows, context.pending, list(range(len(rows))), timer)
     finished, carried = continue_summaries(model, context.pending, summaries)
     right = model.score(rows)
     attempts: dict[int, list[str]] = {}
