@@ -63,6 +63,7 @@ SPLIT = ("time/generate", "time/summarize", "time/retrieve", "time/reward", "tim
 
 def settings(out: str, steps: int, forced: int | None) -> list[str]:
     cli = ["--output_dir", out, "--max_steps", str(steps), "--save_strategy", "no", "--disable_tqdm", "true"]
+    cli += ["--logprob_head", "trl"]  # TRL's own head in every arm: this compares lanpo's additions with TRL's step
     if forced:
         cli += ["--max_completion_length", str(forced), "--generation_kwargs", json.dumps({"min_new_tokens": forced})]
     return cli

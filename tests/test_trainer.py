@@ -873,3 +873,10 @@ def test_a_run_prints_one_short_line_a_step_and_no_metric_dictionary(tiny_model_
     assert [line.split(" | ")[0] for line in lines] == ["step 1/2", "step 2/2"]
     assert "done: step 2/2 in" in text
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count('"kl"') == 2  # the full metrics still logged
+
+
+def test_old_logps_from_loss_says_when_it_cannot_apply(tiny_model_dir, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="lanpo.trainer"):
+        trainer = make_trainer(tiny_model_dir, tmp_path, old_logps_from_loss=True)
+    assert not trainer._old_logps_from_loss()  # transformers' generation: TRL runs no old-policy pass to skip
+    assert "old_logps_from_loss has no effect here" in caplog.text and "without vLLM" in caplog.text

@@ -95,6 +95,14 @@ class LanpoTrainer(GRPOTrainer):
             )
         vllm_cpu.use_reload_weights(self)
         self._head_request = self._compact_heads() if args.logprob_head == "compact" else None
+        if args.old_logps_from_loss and not self._old_logps_from_loss():
+            logger.warning(
+                "old_logps_from_loss has no effect here: %s",
+                "TRL runs no old-policy pass without vLLM's importance correction"
+                if not (self.use_vllm and args.vllm_importance_sampling_correction)
+                else "an optimizer step falls between a generation and its loss (gradient_accumulation_steps is not "
+                "a multiple of steps_per_generation x num_iterations), so pi_old needs its own pass",
+            )
         use_step_lines(self)  # one short line a logging step; the full metrics go to metrics.jsonl
         one_cpu_process = self.accelerator.device.type == "cpu" and self.accelerator.num_processes == 1
         if one_cpu_process and not os.environ.get("OMP_NUM_THREADS"):

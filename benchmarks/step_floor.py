@@ -1,0 +1,374 @@
+"""Where a training step's time goes, against the step's floor, measured side by side in one run.
+
+The **floor** of a GRPO step is what no implementation can skip: one forward and backward of the batch for the
+update, one forward for the reference model (β > 0) and the generation. It is measured in the same run as the
+steps, on the last step's own batch (prompt + completion ids), with the model's plain forward (transformers'
+cross-entropy head over every position) under the run's autocast; "the generation alone" is the GRPO arm's
+rollout generation, timed inside the step.
+
+Each arm is a real training run in a process of its own (the same memory start; its peak resident memory is the
+process's), instrumented at TRL's own calls: the rollout generation, summaries, retrieval, reward (lanpo's step
+timers); the reference pass, the old log-probability pass and the loss forward (each call of
+``_get_per_token_logps_and_entropies``, told apart by model and grad mode); the backward; the optimizer step (the
+Trainer's optimizer callbacks); checkpoint writes (``_save_checkpoint``, one at the last step) and metric writes
+(``metrics.jsonl``). "other" is the step's time that none of these account for. Medians over steps 2..N.
+
+Arms (``--arms``): ``grpo-trl`` (p_t = 0 as TRL runs it: its fused LM head, its old log-probability pass under
+vLLM: before); ``grpo-compact`` (``logprob_head compact``); ``grpo`` (compact and ``old_logps_from_loss``: after);
+``lanpo`` (the paper's defaults, with both) and ``unsolved`` (``feedback_trigger unsolved``, with both; its ratio
+is also given over the steps where no group triggered).
+
+Settings (``--setting``):
+
+* ``embedded``: the embedded default (SmolLM2-135M fp32, 1 problem × 8 rollouts a step, 96 new tokens,
+  transformers' generation);
+* ``verdict``: ``configs/experiments/verdict.yaml``'s step (4 problems × 8 rollouts of builtin:arith levels 1-3,
+  fp32 weights with bf16 autocast, vLLM colocate when vLLM is installed: run it with ``.venv-vllm/bin/python``).
+
+    python benchmarks/step_floor.py --setting embedded [--steps 5] [--arms grpo-trl,grpo,lanpo,unsolved]
+    .venv-vllm/bin/python benchmarks/step_floor.py --setting verdict --steps 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+import torch
+
+ARMS = ("grpo-trl", "grpo-compact", "grpo", "lanpo", "unsolved")
+PARTS = (
+    "generate",
+    "summarize",
+    "retrieve",
+    "reward",
+    "reference pass",
+    "old log-prob pass",
+    "update forward",
+    "backward",
+    "optimizer",
+    "metric writes",
+)
+
+
+def settings(setting: str, out: str, steps: int, arm: str) -> list[str]:
+    cli = ["--output_dir", out, "--max_steps", str(steps), "--disable_tqdm", "true", "--logging_steps", "1"]
+    cli += ["--save_strategy", "steps", "--save_steps", str(steps), "--eval_every", "0"]  # one checkpoint, timed
+    if setting == "verdict":
+        cli += [
+            "--data",
+            "builtin:arith?levels=1,2,3",
+            "--per_device_train_batch_size",
+            "32",
+            "--dtype",
+            "float32",
+            "--bf16",
+            "true",
+        ]
+        if importlib.util.find_spec("vllm"):
+            cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
+    if arm.startswith("grpo"):
+        cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
+    if arm == "unsolved":
+        cli += ["--feedback_trigger", "unsolved"]
+    cli += ["--logprob_head", "trl" if arm == "grpo-trl" else "compact"]
+    cli += ["--old_logps_from_loss", str(arm not in ("grpo-trl", "grpo-compact")).lower()]
+    return cli
+
+
+class Clock:
+    """Seconds per part of the step at hand, wrapped around the trainer's own calls."""
+
+    def __init__(self, trainer, measure_floor: bool) -> None:
+        from transformers import TrainerCallback
+
+        self.parts: dict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+        self.floors: list[dict[str, float]] = []  # each step's floor, on that step's batch, after the step
+        self.saves: list[float] = []
+        self.batch: dict | None = None
+        clock = self
+
+        def timed(name_of, function):
+            def wrapper(*args, **kwargs):
+                start = time.perf_counter()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    name = name_of(*args, **kwargs)
+                    if name:
+                        clock.parts[name] += time.perf_counter() - start
+
+            return wrapper
+
+        def pass_name(model, *args, **kwargs):
+            if torch.is_grad_enabled():
+                return "update forward"
+            return "reference pass" if model is trainer.ref_model else "old log-prob pass"
+
+        trainer._get_per_token_logps_and_entropies = timed(pass_name, trainer._get_per_token_logps_and_entropies)
+        trainer.accelerator.backward = timed(lambda *a, **k: "backward", trainer.accelerator.backward)
+        compute_loss = trainer._compute_loss
+
+        def keep_batch(model, inputs):
+            self.batch = {k: inputs[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask")}
+            return compute_loss(model, inputs)
+
+        trainer._compute_loss = keep_batch
+        save = trainer._save_checkpoint
+
+        def timed_save(*args, **kwargs):
+            start = time.perf_counter()
+            save(*args, **kwargs)
+            self.saves.append(time.perf_counter() - start)
+
+        trainer._save_checkpoint = timed_save
+        for callback in trainer.callback_handler.callbacks:
+            if type(callback).__name__ == "MetricsFileCallback":
+                callback.on_log = timed(lambda *a, **k: "metric writes", callback.on_log)
+
+        class Steps(TrainerCallback):
+            def on_pre_optimizer_step(self, *args, **kwargs):
+                clock.parts["_optimizer_start"] = time.perf_counter()
+
+            def on_optimizer_step(self, *args, **kwargs):
+                clock.parts["optimizer"] += time.perf_counter() - clock.parts.pop("_optimizer_start")
+
+            def on_step_end(self, *args, **kwargs):
+                clock.steps.append(dict(clock.parts))
+                clock.parts.clear()
+                if measure_floor:
+                    clock.floors.append(floor(trainer, clock.batch))
+
+        trainer.add_callback(Steps())
+
+
+def floor(trainer, batch: dict, repeats: int = 1) -> dict[str, float]:
+    """A bare forward and backward, and a bare forward, of a step's batch: the model's plain forward (its own
+    cross-entropy head) under the run's autocast, with the step's threads; the fastest of ``repeats``."""
+    model = trainer.model
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, : batch["prompt_ids"].size(1)] = -100
+
+    def forward_backward():
+        with trainer.accelerator.autocast():
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    def forward():
+        with torch.no_grad(), trainer.accelerator.autocast():
+            model(input_ids=ids, attention_mask=mask, labels=labels)
+
+    def fastest(function):
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            function()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return {
+        "forward+backward": fastest(forward_backward),
+        "forward": fastest(forward),
+        "tokens": list(ids.shape),
+        "threads": torch.get_num_threads(),
+    }
+
+
+def run_arm(setting: str, arm: str, steps: int, out: str) -> dict:
+    from lanpo.commands.train import parse
+    from lanpo.data.loaders import load_problems, to_prompt_dataset
+    from lanpo.engine.models import load_tokenizer, resolve_model_path, size_cpu_threads
+    from lanpo.trainer import LanpoTrainer
+
+    train_args, model_args, config = parse(settings(setting, out, steps, arm))
+    size_cpu_threads()  # as `lanpo train` does
+    if model_args.dtype and model_args.dtype != "auto":  # as `lanpo train` passes it
+        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
+    model_path = resolve_model_path(model_args.model_name_or_path)
+    per_step = config.per_device_train_batch_size // config.num_generations
+    problems = load_problems(train_args.data, seed=config.seed)[: per_step * steps]
+    trainer = LanpoTrainer(
+        model=model_path,
+        args=config,
+        train_dataset=to_prompt_dataset(problems),
+        processing_class=load_tokenizer(model_path),
+    )
+    clock = Clock(trainer, measure_floor=arm.startswith("grpo"))
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "step_time" in h]
+    result = {
+        "step_time": [h["step_time"] for h in logs],
+        "parts": [
+            {
+                **{p: s.get(p, 0.0) for p in PARTS if p not in ("generate", "summarize", "retrieve", "reward")},
+                **{p: h.get(f"time/{p}", 0.0) for p in ("generate", "summarize", "retrieve", "reward")},
+            }
+            for s, h in zip(clock.steps, logs)
+        ],
+        "triggered_share": [h.get("lanpo/triggered_share") for h in logs],
+        "feedback_share": [h.get("lanpo/feedback_share") for h in logs],
+        "completion_tokens": [h.get("completions/mean_length") for h in logs],
+        "checkpoint_s": clock.saves,
+        "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "use_vllm": bool(config.use_vllm),
+    }
+    if clock.floors:
+        result["floor"] = clock.floors
+    return result
+
+
+def median(values: list[float]) -> float:
+    return round(statistics.median(values), 2) if values else float("nan")
+
+
+def summarize(runs: dict[str, dict]) -> dict:
+    later = slice(1, None)  # step 1 warms up
+    report = {}
+    for arm, run in runs.items():
+        parts = {p: median([s[p] for s in run["parts"][later]]) for p in PARTS}
+        step = median(run["step_time"][later])
+        parts["other"] = round(step - sum(parts.values()), 2)
+        report[arm] = {
+            "median_step_s": step,
+            "step_times": [round(t, 1) for t in run["step_time"]],
+            "parts_median_s": parts,
+            "checkpoint_s": [round(t, 2) for t in run["checkpoint_s"]],
+            "peak_rss_gib": round(run["peak_rss_gib"], 2),
+            "feedback_share": run["feedback_share"],
+            "triggered_share": run["triggered_share"],
+            "mean_completion_tokens": median([t for t in run["completion_tokens"][later] if t is not None]),
+        }
+        if "floor" in run:
+            report[arm]["floor_s"] = [
+                {k: round(v, 2) if isinstance(v, float) else v for k, v in f.items()} for f in run["floor"]
+            ]
+    base = "grpo" if "grpo" in runs else "grpo-trl" if "grpo-trl" in runs else None
+    if base is None:
+        return report
+    # the floor of each GRPO step, on its own batch: a bare forward and backward, a bare forward, its generation
+    grpo = runs[base]
+    floors = [f["forward+backward"] + f["forward"] + s["generate"] for f, s in zip(grpo["floor"], grpo["parts"])]
+    bare = {key: median([f[key] for f in grpo["floor"][later]]) for key in ("forward+backward", "forward")}
+    generation = median([s["generate"] for s in grpo["parts"][later]])
+    step_floor = median(floors[later])
+    ratios = {"floor_s": step_floor, "floor_parts_s": {**bare, "generation alone": generation}}
+    for arm in ("grpo-trl", "grpo-compact", "grpo"):
+        if arm in runs:
+            own = [
+                f["forward+backward"] + f["forward"] + s["generate"]
+                for f, s in zip(runs[arm]["floor"], runs[arm]["parts"])
+            ]
+            ratios[f"{arm} / its floor, step by step"] = [round(t / f, 3) for t, f in zip(runs[arm]["step_time"], own)][
+                later
+            ]
+            ratios[f"{arm} / its floor (median, steps 2..N)"] = median(
+                [t / f for t, f in zip(runs[arm]["step_time"][later], own[later])]
+            )
+    for arm in runs:
+        parts = report[arm]["parts_median_s"]
+        gap = report[arm]["median_step_s"] - step_floor
+        excess = {
+            "update over the bare forward+backward": parts["update forward"]
+            + parts["backward"]
+            + parts["optimizer"]
+            - bare["forward+backward"],
+            "reference pass over the bare forward": parts["reference pass"] - bare["forward"],
+            "old log-prob pass": parts["old log-prob pass"],
+            "generation over GRPO's": parts["generate"] - generation,
+            "summaries + retrieval": parts["summarize"] + parts["retrieve"],
+            "reward": parts["reward"],
+            "metric writes + other": parts["metric writes"] + parts["other"],
+        }
+        ratios[f"{arm}: gap to the floor"] = {
+            "seconds": round(gap, 2),
+            "shares": {k: round(v / gap, 3) for k, v in excess.items()} if gap > 0 else "none: at or below the floor",
+        }
+    if "grpo" in runs:
+        for arm in runs:
+            ratios[f"{arm} / grpo"] = round(report[arm]["median_step_s"] / report["grpo"]["median_step_s"], 3)
+        if "unsolved" in runs:
+            run = runs["unsolved"]
+            quiet = [t for t, share in zip(run["step_time"][later], run["triggered_share"][later]) if not share]
+            ratios["unsolved / grpo on steps where no group triggered"] = (
+                round(median(quiet) / report["grpo"]["median_step_s"], 3)
+                if quiet
+                else f"no such step in {len(run['step_time']) - 1}"
+            )
+    if "grpo-trl" in runs and "grpo" in runs:
+        for arm in ("grpo-compact", "grpo"):
+            if arm in runs:
+                ratios[f"{arm} / grpo-trl"] = round(
+                    report[arm]["median_step_s"] / report["grpo-trl"]["median_step_s"], 3
+                )
+        ratios["peak RSS GiB, grpo-trl -> grpo"] = [report["grpo-trl"]["peak_rss_gib"], report["grpo"]["peak_rss_gib"]]
+    report["ratios"] = ratios
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--setting", choices=("embedded", "verdict"), default="embedded")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--_one", nargs=2, metavar=("ARM", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._one:
+        arm, out = args._one
+        print("RESULT " + json.dumps(run_arm(args.setting, arm, args.steps, out)), flush=True)
+        return
+    arms = args.arms.split(",")
+    unknown = set(arms) - set(ARMS)
+    if unknown:
+        parser.error(f"unknown arms {sorted(unknown)}; choose from {', '.join(ARMS)}")
+    workdir = tempfile.mkdtemp(prefix="step-floor-")
+    runs = {}
+    try:
+        for arm in arms:
+            out = os.path.join(workdir, arm)
+            command = [
+                sys.executable,
+                __file__,
+                "--setting",
+                args.setting,
+                "--steps",
+                str(args.steps),
+                "--_one",
+                arm,
+                out,
+            ]
+            done = subprocess.run(command, capture_output=True, text=True)
+            found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode or not found:
+                raise RuntimeError(f"arm {arm} failed (exit {done.returncode}): {done.stderr[-3000:]}")
+            runs[arm] = json.loads(found[-1][len("RESULT ") :])
+            print(arm, json.dumps(runs[arm]), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    vllm = next(iter(runs.values()))["use_vllm"]
+    report = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "setting": args.setting,
+        "generation": "vLLM colocate" if vllm else "transformers",
+        "steps": f"{args.steps} per arm, medians over steps 2..{args.steps}, arms one after another",
+        **summarize(runs),
+    }
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
