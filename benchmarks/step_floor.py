@@ -190,15 +190,14 @@ def floor(trainer, batch: dict, repeats: int = 1) -> dict[str, float]:
 
 
 def run_arm(setting: str, arm: str, steps: int, out: str) -> dict:
-    from lanpo.commands.train import parse
+    from lanpo.commands.train import parse, set_model_dtype
     from lanpo.data.loaders import load_problems, to_prompt_dataset
     from lanpo.engine.models import load_tokenizer, resolve_model_path, size_cpu_threads
     from lanpo.trainer import LanpoTrainer
 
     train_args, model_args, config = parse(settings(setting, out, steps, arm))
     size_cpu_threads()  # as `lanpo train` does
-    if model_args.dtype and model_args.dtype != "auto":  # as `lanpo train` passes it
-        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
+    set_model_dtype(config, model_args)
     model_path = resolve_model_path(model_args.model_name_or_path)
     per_step = config.per_device_train_batch_size // config.num_generations
     problems = load_problems(train_args.data, seed=config.seed)[: per_step * steps]

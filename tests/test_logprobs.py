@@ -114,9 +114,11 @@ def test_the_compact_head_gives_trl_s_loss_gradients_reference_and_entropy(tiny_
     with torch.no_grad():
         ref_trl = trl._get_per_token_logps_and_entropies(trl.ref_model, ids, mask, width)[0]
         ref_compact = compact._get_per_token_logps_and_entropies(compact.ref_model, ids, mask, width)[0]
-        logps_trl, entropy_trl, _ = trl._get_per_token_logps_and_entropies(trl.model, ids, mask, width, None, True)
+        logps_trl, entropy_trl, _ = trl._get_per_token_logps_and_entropies(
+            trl.model, ids, mask, width, compute_entropy=True
+        )
         logps_compact, entropy_compact, _ = compact._get_per_token_logps_and_entropies(
-            compact.model, ids, mask, width, None, True
+            compact.model, ids, mask, width, compute_entropy=True
         )
     counted = batch["completion_mask"].bool()
     assert torch.allclose(ref_compact[counted], ref_trl[counted], **TOL)

@@ -297,7 +297,9 @@ def test_old_log_probabilities_from_the_loss_give_trl_s_ratio_loss_and_gradients
         seen = {}
         correct = trainer._correct_in_loss
         trainer._correct_in_loss = lambda batch, old: (correct(batch, old), seen.update(batch))
+        trainer.args.old_logps_from_loss = True  # the loss now takes pi_old from its own forward
         got, got_grads = loss_and_grads(deferred)
+        trainer.args.old_logps_from_loss = False
         trainer._correct_in_loss = correct
         ratio, trl_ratio = seen["importance_sampling_ratio"], inputs["importance_sampling_ratio"]
         assert torch.allclose(ratio, trl_ratio, rtol=1e-5, atol=1e-6)

@@ -29,7 +29,8 @@ Extraction = Literal["strict", "lenient"]
 LogprobHead = Literal["trl", "compact"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
-TRIGGERS, LOGPROB_HEADS = get_args(Trigger), get_args(LogprobHead)
+TRIGGERS = get_args(Trigger)
+LOGPROB_HEADS = get_args(LogprobHead)
 CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = (
     get_args(ContextInLoss),
     get_args(AdvantageGrouping),

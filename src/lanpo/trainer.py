@@ -475,8 +475,7 @@ class LanpoTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         capture = loss.capture(inputs)
-        deferred = "importance_sampling_ratio" not in inputs and "sampling_per_token_logps" in inputs
-        if deferred and self.use_vllm and self.vllm_importance_sampling_correction:  # old_logps_from_loss
+        if self.model.training and self._old_logps_from_loss():  # its generation ran without TRL's old pass
             self._correct_at_forward = inputs if capture is None else capture.inputs  # the dict TRL's loss reads
         if capture is None:
             return super()._compute_loss(model, inputs)  # no feedback planned this step: TRL's loss, untouched
@@ -521,9 +520,8 @@ class LanpoTrainer(GRPOTrainer):
         return request if all(patched) else None
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
-        if self._head_request is not None:  # the model's forward never sees compute_entropy
-            positional = args[5] if len(args) > 5 else False  # TRL's (model, ids, mask, keep, batch_size, entropy)
-            self._head_request.entropy = bool(kwargs.get("compute_entropy", positional))
+        if self._head_request is not None:  # the model's forward never sees compute_entropy (TRL passes it by name)
+            self._head_request.entropy = bool(kwargs.get("compute_entropy"))
         result = super()._get_per_token_logps_and_entropies(*args, **kwargs)
         if self._correct_at_forward is not None:  # the loss's forward: π_old and the vLLM correction from it
             self._correct_in_loss(self._correct_at_forward, result[0].detach())

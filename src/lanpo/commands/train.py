@@ -267,6 +267,14 @@ def given_fields(argv: list[str]) -> set[str]:
     return {a[2:].split("=", 1)[0].replace("-", "_") for a in argv if a.startswith("--")}
 
 
+def set_model_dtype(config: LanpoConfig, model_args) -> None:
+    """The dtype the trainer loads the model in: ``--dtype`` when given, else bf16 weights under ``--bf16``."""
+    if model_args.dtype and model_args.dtype != "auto":
+        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
+    elif config.bf16:
+        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": "bfloat16"}
+
+
 def parse(argv: list[str]):
     """Parse ``argv`` into (TrainArguments, ModelConfig, LanpoConfig). The embedded defaults lie underneath only
     when neither ``--config`` nor a model is given; ``--resume`` puts the run's saved config underneath."""
@@ -494,10 +502,7 @@ def run(argv: list[str]) -> Path:
         f"; resuming from {checkpoint}" if checkpoint else "",
     )
     size_cpu_threads()
-    if model_args.dtype and model_args.dtype != "auto":
-        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
-    elif config.bf16:
-        config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": "bfloat16"}
+    set_model_dtype(config, model_args)
     try:
         model_path = resolve_model_path(model_args.model_name_or_path)
         trainer = LanpoTrainer(
