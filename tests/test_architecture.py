@@ -61,6 +61,7 @@ STAGES = [
     "feedback.base",
     "feedback.reflection",
     "feedback.abstraction",
+    "feedback.privileged",
     "feedback.registry",
     "summarize",
     "rollout",
@@ -189,7 +190,7 @@ def test_train_help_shows_lanpo_fields_first_with_choices_and_every_lanpo_field(
     lanpo_fields = [f for f in LanpoConfig.__dataclass_fields__ if f not in GRPOConfig.__dataclass_fields__]
     grouped = {name for names in HELP_GROUPS.values() for name in names}
     assert set(lanpo_fields) <= grouped, set(lanpo_fields) - grouped
-    assert len(text.splitlines()) < 250  # not TRL's 1,400 lines
+    assert len(text.splitlines()) < 300  # not TRL's 1,400 lines
 
 
 def test_train_help_all_lists_every_field_under_lanpo_train():
@@ -244,14 +245,17 @@ def test_the_loss_reads_only_its_batch_and_arguments():
 
 
 def test_feedback_sources_see_no_label():
-    """A source is asked with FeedbackRequests, which carry no gold answer and no reward; every planned kind has a
-    source and every source a planned kind."""
+    """A source is asked with FeedbackRequests, which carry no gold answer and no reward (a hint level and scale
+    are the run's, not the problem's); every planned kind has a source and every source a planned kind; the
+    label-free kinds are exactly feedback_source self's, and the privileged ones are marked so."""
     from lanpo.feedback import SOURCES, FeedbackRequest
-    from lanpo.plan import FEEDBACK_KINDS
+    from lanpo.plan import FEEDBACK_KINDS, PRIVILEGED_KINDS, SELF_KINDS
 
-    assert set(FeedbackRequest._fields) == {"problem_id", "problem", "rows", "attempts"}
+    assert set(FeedbackRequest._fields) == {"problem_id", "problem", "rows", "attempts", "level", "scale"}
     assert set(SOURCES) == set(FEEDBACK_KINDS)
     assert all(kind == source.kind for kind, source in SOURCES.items())
+    assert {k for k, s in SOURCES.items() if s.privileged} == set(PRIVILEGED_KINDS)
+    assert {k for k, s in SOURCES.items() if not s.privileged} == set(SELF_KINDS)
 
 
 def test_config_choices_match_the_decoded_objectives():

@@ -198,7 +198,16 @@ def test_aggregate_normalizes_a_micro_batch_as_trl_does(loss_type, expected):
     ],
 )
 def test_group_plan_counts(g, p, share, expected):
-    assert plan_group(g, p, share) == expected
+    assert plan_group(g, p, share)[:3] == expected
+    assert plan_group(g, p, share).hinted == 0
+
+
+@pytest.mark.parametrize("source", ["reference", "gold", "self-hint"])
+def test_a_privileged_source_gets_every_feedback_row_of_its_kind(source):
+    plan = plan_group(8, 0.75, 0.5, source)
+    assert plan == (2, 0, 0, 6, source)
+    assert [plan.kind_of(j) for j in range(8)] == ["scratch"] * 2 + [source] * 6
+    assert plan_group(8, 0.0, 0.5, source).feedback == 0
 
 
 def test_rows_follow_the_plan_in_every_group_and_trials_alternate_right_and_wrong():

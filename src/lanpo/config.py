@@ -14,7 +14,7 @@ from typing import Literal, get_args
 
 from trl import GRPOConfig
 
-from lanpo.plan import COMPOSITION_FREE_LOSSES, OBJECTIVES, Objective, StepPlan, plan_group
+from lanpo.plan import COMPOSITION_FREE_LOSSES, HINT_TOP, OBJECTIVES, Objective, StepPlan, plan_group
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 Schedule = Literal["constant", "linear"]
 ReflectionSource = Literal["auto", "step", "pool"]
 Trigger = Literal["always", "unsolved"]
+FeedbackSourceName = Literal["self", "reference", "gold", "self-hint"]
+HintSchedule = Literal["ladder", "fixed"]
 Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["strip", "strip-sequence", "shaped", "unweighted", "keep"]
 AdvantageGrouping = Literal["shared", "separate", "scratch-baseline"]
@@ -29,7 +31,7 @@ Extraction = Literal["strict", "lenient"]
 LogprobHead = Literal["trl", "compact"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
-TRIGGERS = get_args(Trigger)
+TRIGGERS, FEEDBACK_SOURCES, HINT_SCHEDULES = get_args(Trigger), get_args(FeedbackSourceName), get_args(HintSchedule)
 LOGPROB_HEADS = get_args(LogprobHead)
 CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = (
     get_args(ContextInLoss),
@@ -74,6 +76,47 @@ class LanpoConfig(GRPOConfig):
             "scratch (GRPO's rollout) and only groups with a pass rate at most feedback_trigger_pass_rate get "
             "round(p_t*G) failed rows regenerated with feedback (a reflection then shows a failed attempt)."
         },
+    )
+    feedback_source: FeedbackSourceName = field(
+        default="self",
+        metadata={
+            "help": "Where feedback rows' contexts come from. self: LANPO's reward-agnostic reflection and relevant "
+            "abstraction, label-free. The rest are privileged, shown in training only and read from the data's "
+            "worked solutions and gold answers: reference, the first part of the worked solution at a hint level "
+            "(UFT, GHPO, QuestA); gold, the model's attempt, 'the generated solution is incorrect, the ground truth "
+            "is X', solve again (Critique-GRPO); self-hint, a hint the policy writes from the solution, dropped if "
+            "it states the answer (SAGE)."
+        },
+    )
+    hint_level: int = field(
+        default=1,
+        metadata={
+            "help": "reference, self-hint: a problem's first hint level, 1 to 3 (reference: 1/4, 2/4, 3/4 of the "
+            "solution's steps, never the last)."
+        },
+    )
+    hint_schedule: HintSchedule = field(
+        default="ladder",
+        metadata={
+            "help": "ladder: a problem's level goes up after a step where at most 10 percent of its hinted rows were right, "
+            "down where more than 35 percent were (SAGE's light variant); fixed: stays at hint_level."
+        },
+    )
+    hint_escalation: int = field(
+        default=0,
+        metadata={
+            "help": "reference, self-hint: rounds within a step that re-generate the hinted rows still failing one "
+            "level up (GHPO, SAGE); 0: none."
+        },
+    )
+    hint_anneal_steps: int = field(
+        default=0,
+        metadata={
+            "help": "reference, self-hint: shrink every hint linearly to nothing over this many steps (UFT); 0: never."
+        },
+    )
+    hint_max_length: int = field(
+        default=128, metadata={"help": "self-hint: most new tokens of a hint the policy writes."}
     )
     feedback_trigger_pass_rate: float = field(
         default=0.0,
@@ -292,6 +335,15 @@ class LanpoConfig(GRPOConfig):
         unit("relevance_threshold")
         choice("feedback_schedule", SCHEDULES)
         choice("feedback_trigger", TRIGGERS)
+        choice("feedback_source", FEEDBACK_SOURCES)
+        choice("hint_schedule", HINT_SCHEDULES)
+        if not 1 <= self.hint_level <= HINT_TOP:
+            raise ValueError(f"hint_level must be 1 to {HINT_TOP}, got {self.hint_level}.")
+        for name in ("hint_escalation", "hint_anneal_steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}.")
+        if self.hint_max_length < 1:
+            raise ValueError(f"hint_max_length must be >= 1, got {self.hint_max_length}.")
         unit("feedback_trigger_pass_rate")
         if self.feedback_max_completion_length is not None and self.feedback_max_completion_length < 1:
             raise ValueError(
@@ -404,7 +456,9 @@ class LanpoConfig(GRPOConfig):
 
     def step_plan(self, step: int) -> StepPlan:
         """The plan of optimizer step ``step``: built once, when its generation batch starts (``LanpoTrainer``)."""
-        group = plan_group(self.num_generations, self.feedback_ratio_at(step), self.reflection_share)
+        group = plan_group(
+            self.num_generations, self.feedback_ratio_at(step), self.reflection_share, self.feedback_source
+        )
         objective = self.objective
         # Sorting rows by prompt length changes which rows share a micro-batch: only where that leaves the loss and
         # its gradients unchanged (one optimizer step per generation, a loss whose normalization ignores it).
@@ -424,7 +478,15 @@ class LanpoConfig(GRPOConfig):
             trigger_pass_rate=self.feedback_trigger_pass_rate,
             objective=objective,
             bucket_by_prompt_length=buckets,
+            hint_escalation=self.hint_escalation,
+            hint_scale=self.hint_scale_at(step),
         )
+
+    def hint_scale_at(self, step: int) -> float:
+        """The share of a hint kept at optimizer step ``step``: 1, or under hint_anneal_steps falling linearly to 0."""
+        if not self.hint_anneal_steps:
+            return 1.0
+        return max(0.0, 1.0 - step / self.hint_anneal_steps)
 
 
 def check_finite(settings) -> None:

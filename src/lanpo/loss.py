@@ -31,6 +31,7 @@ from lanpo.plan import StepPlan
 PLAN = "lanpo_plan"
 HAS_FEEDBACK = "lanpo_has_feedback"
 CONTEXT_LOGPS = "lanpo_context_logps"
+CORRECT = "lanpo_correct"  # which rows the verifier credits (hint reliance is measured on those)
 
 
 def with_plan(batch: dict[str, Any], plan: StepPlan, rows: int) -> None:
@@ -86,6 +87,7 @@ class LossCapture:
     old: torch.Tensor | None = None  # π_old(y|x), detached
     kl_weights: torch.Tensor | None = None  # truncated per-token π(y|x) / π(y|x,c): 1 on scratch rows
     shaped_advantages: torch.Tensor | None = None
+    correct: torch.Tensor | None = None  # (N,) bool: rows the verifier credits
 
 
 def capture(batch: dict[str, Any]) -> LossCapture | None:
@@ -93,8 +95,31 @@ def capture(batch: dict[str, Any]) -> LossCapture | None:
     plan = plan_of(batch)
     if plan is None or not plan.has_feedback:
         return None
-    inputs = {k: v for k, v in batch.items() if k not in (PLAN, HAS_FEEDBACK, CONTEXT_LOGPS)}
-    return LossCapture(plan, inputs, batch[HAS_FEEDBACK].bool(), batch.get(CONTEXT_LOGPS))
+    inputs = {k: v for k, v in batch.items() if k not in (PLAN, HAS_FEEDBACK, CONTEXT_LOGPS, CORRECT)}
+    correct = batch.get(CORRECT)
+    return LossCapture(
+        plan,
+        inputs,
+        batch[HAS_FEEDBACK].bool(),
+        batch.get(CONTEXT_LOGPS),
+        correct=correct.bool() if correct is not None else None,
+    )
+
+
+def reliance_sums(capture: LossCapture) -> torch.Tensor | None:
+    """This micro-batch's (sum of per-row hint reliance, rows) over the right feedback rows
+    (:func:`lanpo.feedback.privileged.hint_reliance`: mean per-token log π(y|x,c) minus mean per-token log π_old(y|x));
+    None where the loss does not hold both (keep, or no correctness carried)."""
+    if capture.context is None or capture.correct is None or capture.old is None:
+        return None
+    mask = capture.inputs["completion_mask"].bool() & torch.isfinite(capture.context)
+    counts = mask.sum(1)
+    rows = capture.feedback.to(mask.device) & capture.correct.to(mask.device) & (counts > 0)
+    if not rows.any():
+        return torch.zeros(2, device=mask.device)
+    hinted = torch.where(mask, capture.context, 0.0).sum(1) / counts.clamp(min=1)
+    plain = torch.where(mask, capture.old.float(), 0.0).sum(1) / counts.clamp(min=1)
+    return torch.stack([(hinted - plain)[rows].sum(), rows.sum().float()])
 
 
 def _rows(flags: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

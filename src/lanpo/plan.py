@@ -16,24 +16,42 @@ from typing import NamedTuple
 COMPOSITION_FREE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
 
 # The row kinds a group plan gives feedback to, one per feedback source (lanpo.feedback.registry).
-FEEDBACK_KINDS = ("reflection", "abstraction")
+SELF_KINDS = ("reflection", "abstraction")  # feedback_source self: LANPO's label-free sources
+PRIVILEGED_KINDS = ("reference", "gold", "self-hint")  # the others: each a feedback_source of its own
+FEEDBACK_KINDS = SELF_KINDS + PRIVILEGED_KINDS
+FEEDBACK_SOURCES = ("self", *PRIVILEGED_KINDS)
+HINT_TOP = 3  # hint levels run 1..HINT_TOP (reference: 1/4, 2/4, 3/4 of a solution's steps)
 
 
 class GroupPlan(NamedTuple):
-    """How many rows of a group of G each kind gets."""
+    """How many rows of a group of G each kind gets: under ``feedback_source self`` reflection and abstraction
+    rows, under a privileged source ``hinted`` rows of that source's kind."""
 
     scratch: int
     reflection: int
     abstraction: int
+    hinted: int = 0
+    source: str = "self"
 
     @property
     def feedback(self) -> int:
-        return self.reflection + self.abstraction
+        return self.reflection + self.abstraction + self.hinted
+
+    def kind_of(self, j: int) -> str:
+        """The kind of a group's ``j``-th row: scratch rows first, then reflection, abstraction, hinted."""
+        if j < self.scratch:
+            return "scratch"
+        if j < self.scratch + self.reflection:
+            return "reflection"
+        return "abstraction" if j < self.scratch + self.reflection + self.abstraction else self.source
 
 
-def plan_group(g: int, feedback_ratio: float, reflection_share: float) -> GroupPlan:
-    """The rows of a group of ``g`` by kind: round(p_t·g) get feedback (half up)."""
+def plan_group(g: int, feedback_ratio: float, reflection_share: float, source: str = "self") -> GroupPlan:
+    """The rows of a group of ``g`` by kind: round(p_t·g) get feedback (half up); under ``self`` split between
+    reflection and abstraction by ``reflection_share``, else all of the privileged ``source``."""
     feedback = int(feedback_ratio * g + 0.5)
+    if source != "self":
+        return GroupPlan(g - feedback, 0, 0, feedback, source)
     reflection = int(feedback * reflection_share + 0.5)
     return GroupPlan(g - feedback, reflection, feedback - reflection)
 
@@ -72,6 +90,8 @@ class StepPlan:
     trigger_pass_rate: float  # unsolved: a group is triggered at or below this share of right scratch rows
     objective: Objective
     bucket_by_prompt_length: bool  # keep: micro-batches sorted by prompt length (lanpo.loss.bucket_by_prompt_length)
+    hint_escalation: int = 0  # privileged sources: rounds that re-generate still-failed hinted rows a level up
+    hint_scale: float = 1.0  # privileged sources: the share of a hint kept at this step (hint_anneal_steps)
 
     @property
     def has_feedback(self) -> bool:

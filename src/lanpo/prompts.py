@@ -288,3 +288,109 @@ Would these lessons help to solve the problem above? Answer with Yes or No."""
 def relevance_messages(problem: str, principles: list[str], pitfalls: list[str]) -> Messages:
     lessons = "\n".join([f"- {p}" for p in principles] + [f"- Avoid: {p}" for p in pitfalls])
     return user(RELEVANCE_TEMPLATE.format(problem=problem.strip(), lessons=lessons))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Privileged feedback (lanpo.feedback.privileged): built from a worked solution or the gold answer, shown during
+# training only. Unlike the templates above these say what is right: they are the field's hint formats.
+
+# GHPO's wording for a solution prefix (UFT and QuestA show the same thing under other headings).
+REFERENCE_TEMPLATE = """{problem}
+
+The following text is the beginning part of the answer, which you can refer to for solving the problem:
+{prefix}
+
+{instruction}"""
+
+
+def reference_messages(problem: str, prefix: str) -> Messages:
+    """A solution prefix after the problem (GHPO, UFT, QuestA)."""
+    return user(
+        REFERENCE_TEMPLATE.format(problem=problem.strip(), prefix=prefix.strip(), instruction=SOLVE_INSTRUCTION)
+    )
+
+
+# Critique-GRPO's simple_gt critique, after the model's own attempt.
+GOLD_TEMPLATE = """Problem:
+{problem}
+
+Below is an earlier solution to this problem.
+
+### Earlier solution
+{attempt}
+
+Critique: The generated solution is {verdict}, the ground truth is {answer}.
+
+Solve the problem again from the start, writing a complete solution. {instruction}"""
+
+
+def gold_messages(problem: str, attempt: str, answer: str, correct: bool) -> Messages:
+    """The model's attempt, the critique "the generated solution is (in)correct, the ground truth is X", and a
+    request to solve again (Critique-GRPO's ``simple_gt``)."""
+    return user(
+        GOLD_TEMPLATE.format(
+            problem=problem.strip(),
+            attempt=clip(attempt),
+            verdict="correct" if correct else "incorrect",
+            answer=answer.strip(),
+            instruction=SOLVE_INSTRUCTION,
+        )
+    )
+
+
+# SAGE's self-hinting: the policy, shown the reference solution, writes a hint at a level that must not give away
+# the final answer. Levels grow from a nudge to an outline.
+HINT_STRENGTHS = {
+    1: "a one-sentence hint that names the method to use",
+    2: "a short hint that names the key steps, in order",
+    3: "a detailed hint that outlines every step but the last calculation",
+}
+
+SELF_HINT_TEMPLATE = """Problem:
+{problem}
+
+Reference solution:
+{solution}
+
+Write {strength}, to help a student solve the problem on their own. Do not state the final answer or the final \
+result in any form. Write only the hint, after "Hint:"."""
+
+HINT_PREFILL = "Hint:"
+
+
+def self_hint_messages(problem: str, solution: str, level: int) -> Messages:
+    """The request for a hint at ``level`` (1 to 3), its reply prefilled with ``Hint:``."""
+    strength = HINT_STRENGTHS[max(1, min(level, max(HINT_STRENGTHS)))]
+    text = SELF_HINT_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), strength=strength)
+    return [*user(text), {"role": "assistant", "content": HINT_PREFILL}]
+
+
+MAX_HINT_CHARS = 600
+
+
+def parse_hint(text: str) -> str | None:
+    """The hint a model wrote after ``Hint:``: its first paragraph, or None when it holds no sentence (fewer than
+    three words of letters) or runs past :data:`MAX_HINT_CHARS`."""
+    if not isinstance(text, str):
+        return None
+    body = text.strip()
+    if body.lower().startswith(HINT_PREFILL.lower()):
+        body = body[len(HINT_PREFILL) :].strip()
+    body = re.split(r"\n\s*\n", body, maxsplit=1)[0].strip()
+    if len(re.findall(r"[A-Za-z]{2,}", body)) < 3 or len(body) > MAX_HINT_CHARS:
+        return None
+    return body
+
+
+# QuestA's heading for a hint after the problem.
+HINTED_TEMPLATE = """{problem}
+
+## Hint.
+{hint}
+
+{instruction}"""
+
+
+def hinted_messages(problem: str, hint: str) -> Messages:
+    """The problem with a hint after it (QuestA's ``## Hint.``)."""
+    return user(HINTED_TEMPLATE.format(problem=problem.strip(), hint=hint.strip(), instruction=SOLVE_INSTRUCTION))

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from lanpo.feedback.base import FeedbackRequest, FeedbackSource
-from lanpo.plan import GroupPlan, StepPlan
+from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource
+from lanpo.plan import HINT_TOP, PRIVILEGED_KINDS, GroupPlan, StepPlan
 from lanpo.pool.store import Attempt
 from lanpo.prompts import Messages, clip
 from lanpo.summarize import Trial, continue_summaries, summary_input
@@ -41,7 +41,7 @@ class Row:
     problem_id: str
     problem: str
     gold: str
-    kind: str = "scratch"  # scratch | reflection | abstraction (what the plan asked for)
+    kind: str = "scratch"  # scratch, or the feedback kind the plan asked for (lanpo.plan.FEEDBACK_KINDS)
     context: Messages | None = None  # the feedback prompt actually used (None: plain prompt)
     fallback: str = ""  # why a planned feedback row got the plain prompt (no_attempt, no_relevant_entry, ...)
     completion_ids: list[int] = field(default_factory=list)
@@ -52,6 +52,7 @@ class Row:
     retrieved: list[dict] = field(default_factory=list)  # abstraction rows: the pool entries that passed γ
     triggered: bool | None = None  # feedback_trigger unsolved: whether its group failed from scratch (None: always)
     truncated: bool = False  # its completion reached its length limit without ending
+    level: int | None = None  # privileged sources: the hint level its context carries
 
     @property
     def has_feedback(self) -> bool:
@@ -85,20 +86,13 @@ def problem_of(row: dict) -> tuple[str, str]:
     return str(problem_id), str(problem)
 
 
-def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, int, int] | None = None) -> list[Row]:
+def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, ...] | None = None) -> list[Row]:
     """One :class:`Row` per input, kinds assigned by ``plan`` within each group of ``g`` (``None``: all scratch)."""
     plan = GroupPlan(*plan) if plan is not None else None
-    rows = []
-    for i, item in enumerate(inputs):
-        pid, problem = problem_of(item)
-        kind = "scratch"
-        if plan is not None:
-            j = i % g
-            kind = (
-                "scratch" if j < plan.scratch else "reflection" if j < plan.scratch + plan.reflection else "abstraction"
-            )
-        rows.append(Row(pid, problem, str(item["answer"]), kind))
-    return rows
+    return [
+        Row(*problem_of(item), str(item["answer"]), plan.kind_of(i % g) if plan is not None else "scratch")
+        for i, item in enumerate(inputs)
+    ]
 
 
 @dataclass
@@ -132,6 +126,7 @@ def ask_sources(
     Returns what was left waiting.
     """
     waiting: Waiting = set()
+    scale = context.plan.hint_scale
     for kind, source in context.sources.items():
         asked = []
         for s in range(0, len(rows), g):
@@ -140,18 +135,22 @@ def ask_sources(
                 continue
             given = attempts.get(s) if attempts is not None else None
             own = None if given is None else tuple(given)
-            request = FeedbackRequest(rows[s].problem_id, rows[s].problem, len(wanted), own)
+            request = FeedbackRequest(rows[s].problem_id, rows[s].problem, len(wanted), own, scale=scale)
             if ready_only and not source.ready(request):
                 waiting.add((s, kind))
             else:
                 asked.append((wanted, request))
-        if asked:
-            built = source.contexts([request for _, request in asked], context.counts)
-            for (wanted, _), contexts in zip(asked, built):
-                for row, feedback in zip(wanted, contexts):
-                    row.context, row.fallback = feedback.messages, feedback.reason
-                    row.retrieved = list(feedback.retrieved)
+        if asked or (source.collective and only is None):  # a generating source: every process asks it once
+            _apply(asked, source.contexts([request for _, request in asked], context.counts))
     return waiting
+
+
+def _apply(asked: list[tuple[list[Row], FeedbackRequest]], built: list[list[Feedback]]) -> None:
+    for (wanted, _), contexts in zip(asked, built):
+        for row, feedback in zip(wanted, contexts):
+            row.context, row.fallback = feedback.messages, feedback.reason
+            row.retrieved = list(feedback.retrieved)
+            row.level = feedback.level
 
 
 def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
@@ -231,7 +230,48 @@ def lanpo_rollout(
             _tokenize_contexts(model, [rows[i] for i in phase_b])
         with _timed(timer, "generate"):
             _generate(model, rows, [], phase_b, feedback=True)
+    escalate_hints(rows, g, model, context)
     return _output(rows, context.plan.objective.keeps_context), finished, carried
+
+
+def escalate_hints(rows: list[Row], g: int, model: RolloutModel, context: StepContext) -> None:
+    """``hint_escalation``: up to ``plan.hint_escalation`` rounds in which the hinted rows the verifier does not
+    credit are re-generated with their source's next hint level (GHPO, SAGE: escalated within the step until a
+    rollout succeeds); a row at the top level, or whose stronger context cannot be built, keeps its completion.
+    Every process runs every round (a round with nothing to re-generate costs nothing on one process)."""
+    sources = {kind: s for kind, s in context.sources.items() if s.leveled}
+    if not sources or model.score is None:
+        return
+    for _ in range(context.plan.hint_escalation):
+        hinted = [i for i, r in enumerate(rows) if r.has_feedback and r.level is not None and r.kind in sources]
+        right = model.score([rows[i] for i in hinted]) if hinted else []
+        failed: dict[tuple[int, str], list[int]] = {}
+        for i, ok in zip(hinted, right):
+            if not ok and rows[i].level < HINT_TOP:
+                failed.setdefault((i - i % g, rows[i].kind), []).append(i)
+        again = []
+        with _timed(context.timer, "retrieve"):
+            for kind, source in sources.items():
+                asked = [
+                    ([rows[i] for i in index], index, rows[index[0]].level + 1)
+                    for (s, k), index in failed.items()
+                    if k == kind
+                ]
+                requests = [
+                    FeedbackRequest(r[0].problem_id, r[0].problem, len(r), level=level, scale=context.plan.hint_scale)
+                    for r, _, level in asked
+                ]
+                if not requests and not source.collective:
+                    continue
+                for (wanted, index, _), built in zip(asked, source.contexts(requests, context.counts)):
+                    for row, i, feedback in zip(wanted, index, built):
+                        if feedback.messages is not None:
+                            row.context, row.level = feedback.messages, feedback.level
+                            again.append(i)
+            _tokenize_contexts(model, [rows[i] for i in again])
+        context.counts["hint_escalated"] += len(again)
+        with _timed(context.timer, "generate"):
+            _generate(model, rows, [], sorted(again), feedback=True)
 
 
 def _output(rows: list[Row], keep_context: bool) -> dict[str, Any]:
@@ -277,8 +317,9 @@ def unsolved_rollout(
         failed = [i for i in group if not right[i]]
         chosen = failed[: plan.feedback]
         reflections = round(len(chosen) * plan.reflection / plan.feedback)
+        others = "abstraction" if plan.source == "self" else plan.source
         for k, i in enumerate(chosen):
-            rows[i].kind = "reflection" if k < reflections else "abstraction"
+            rows[i].kind = "reflection" if k < reflections else others
         attempts[s] = [rows[i].text for i in failed if rows[i].text.strip()]
     with _timed(timer, "retrieve"):
         ask_sources(rows, g, context, attempts=attempts)
@@ -287,6 +328,7 @@ def unsolved_rollout(
     if phase_b:
         with _timed(timer, "generate"):
             _generate(model, rows, [], phase_b, feedback=True)
+    escalate_hints(rows, g, model, context)
     return _output(rows, context.plan.objective.keeps_context), finished, carried
 
 
@@ -297,10 +339,16 @@ ROLLOUTS = {"always": lanpo_rollout, "unsolved": unsolved_rollout}
 def choose_trials(
     rows: list[Row], rewards: Sequence[float], correct: Sequence[bool], g: int, budget: int, step: int, rank: int = 0
 ) -> list[Trial]:
-    """Per group, up to ``budget`` trials to summarize: right and wrong ones alternate when both exist."""
+    """Per group, up to ``budget`` trials to summarize: right and wrong ones alternate when both exist. A row
+    written under a privileged context (a solution's steps, the gold answer) is never summarized: what it copied
+    would reach the pool's lessons."""
     trials = []
     for s in range(0, len(rows) if budget else 0, g):
-        idx = [i for i in range(s, s + g) if rows[i].text.strip()]
+        idx = [
+            i
+            for i in range(s, s + g)
+            if rows[i].text.strip() and not (rows[i].has_feedback and rows[i].kind in PRIVILEGED_KINDS)
+        ]
         right = [i for i in idx if correct[i]]
         wrong = [i for i in idx if not correct[i]]
         order = [x for pair in zip(right, wrong) for x in pair] + right[len(wrong) :] + wrong[len(right) :]

@@ -33,19 +33,22 @@ from lanpo.engine.logprobs import HeadRequest, add_compact_lm_head
 from lanpo.engine.models import CpuShare, follow_other_work
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
+from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
 from lanpo.feedback.registry import make_sources
 from lanpo.plan import StepPlan
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
-from lanpo.prompts import solve_messages
+from lanpo.prompts import Messages, solve_messages, with_prefill
 from lanpo.run import checkpoints
 from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
-from lanpo.run.metrics import real_prompts, row_record, step_metrics, time_metrics
+from lanpo.run.metrics import Transfer, group_outcomes, real_prompts, row_record, step_metrics, time_metrics
 from lanpo.summarize import Trial, entry_from_summary, summarize_apart
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 
 logger = logging.getLogger(__name__)
+
+FEEDBACK_STATE = "feedback_state.json"  # a checkpoint's hint ladder and transfer record
 
 
 class LanpoTrainer(GRPOTrainer):
@@ -77,6 +80,8 @@ class LanpoTrainer(GRPOTrainer):
         if not isinstance(args, LanpoConfig):
             raise TypeError(f"LanpoTrainer needs a LanpoConfig, got {type(args).__name__}.")
         train_dataset = with_answer_column(train_dataset) if train_dataset is not None else None
+        # worked solutions leave the dataset here: only privileged feedback sources read them (never TRL's rewards)
+        train_dataset, self.references = take_references(train_dataset)
         self.verifier = MathVerifier(args.verify_time_limit, args.answer_extraction)
         vllm_cpu.prepare(args)
         with warnings.catch_warnings():  # lanpo pins trl<2 and tests the rollout_func API it relies on
@@ -130,7 +135,22 @@ class LanpoTrainer(GRPOTrainer):
         )
         if isinstance(scorer, LLMJudgeScorer) and self.accelerator.num_processes > 1:  # same forwards on every rank
             scorer.sync_batches = lambda n: max(gather_object([n]))
-        self.feedback_sources = make_sources(SourceKit(args, self.pool, self.retriever, self._judge_model))
+        self.hint_ladder = HintLadder(args.hint_level, adaptive=args.hint_schedule == "ladder")
+        self.transfer = Transfer()
+        privileged = None
+        if args.feedback_source != "self":
+            check_references(args.feedback_source, self.references)
+            privileged = PrivilegedKit(
+                self.references,
+                self.hint_ladder,
+                right=lambda golds, texts, problems: [
+                    s > 0.5 for s in self.verifier.score_texts(golds, texts, problems)
+                ],
+                write=self._write,
+            )
+        self.feedback_sources = make_sources(
+            SourceKit(args, self.pool, self.retriever, self._judge_model, privileged=privileged)
+        )
         self._accuracy_index = (
             self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names else None
         )
@@ -193,6 +213,13 @@ class LanpoTrainer(GRPOTrainer):
                     model, ids, mask, self.generation_config, self.eos_token_ids
                 )
         return [list(c) for c in completion_ids[:n]], logprobs[:n] if logprobs is not None else None
+
+    def _write(self, prompts: list[Messages]) -> list[str]:
+        """The policy's replies to ``prompts`` (a prefilled reply continued), at most ``hint_max_length`` tokens each:
+        self-hints. Every process calls it (the generation pads to the widest process)."""
+        with length_limit(self, self.args.hint_max_length):
+            completions, _ = self._generate_ids([chat_ids(self.processing_class, m) for m in prompts])
+        return [with_prefill(m, self._model_io.decode(c)) for m, c in zip(prompts, completions)]
 
     def _right(self, rows: list[rollout.Row]) -> list[bool]:
         """Which rows' answers the verifier credits (feedback_trigger unsolved decides on these)."""
@@ -347,6 +374,8 @@ class LanpoTrainer(GRPOTrainer):
         loss.with_plan(output, plan, len(rows))
         if plan.has_feedback:  # the loss treats feedback rows (lanpo.loss)
             self._attach_feedback_inputs(output)
+            if plan.objective.strips_context:  # hint reliance is measured on the right rows
+                output[loss.CORRECT] = correct.to(self.accelerator.device)
             if plan.objective.strips_context and "importance_sampling_ratio" in output:
                 has_feedback = torch.tensor([r.has_feedback for r in rows], device=output["advantages"].device)
                 self._log_sampling(loss.strip_vllm_correction(output, has_feedback))
@@ -384,6 +413,8 @@ class LanpoTrainer(GRPOTrainer):
             for i, (r, rw, c) in enumerate(zip(self._rows, rewards.tolist(), correct.tolist()))
         ]
         records = [x for part in gather_object([local]) for x in part]
+        self._move_on_ladder(records)
+        self.transfer.update(self.state.global_step, group_outcomes(records))
         values = step_metrics(
             records,
             self._plan.feedback_ratio,
@@ -392,11 +423,22 @@ class LanpoTrainer(GRPOTrainer):
             self._summary_stats,
             self._step_counts,
         )
+        values.update(self.transfer.metrics())
         for key, value in values.items():
             self._metrics["train"][key].append(value)
         self.retriever.stats = RetrievalStats()
         self._summary_stats = Counter()
         self._step_counts = Counter()
+
+    def _move_on_ladder(self, records: list) -> None:
+        """Each problem that had hinted rows this step moves on the hint ladder by their accuracy (every process
+        sees every group's records, so every process keeps the same ladder)."""
+        by_problem: dict[str, list[bool]] = {}
+        for x in records:
+            if x.level is not None:
+                by_problem.setdefault(x.problem_id, []).append(x.correct)
+        for pid, right in by_problem.items():
+            self.hint_ladder.update(pid, sum(right) / len(right))
 
     def _attach_feedback_inputs(self, output: dict) -> None:
         """Mark this step's feedback rows (``lanpo_has_feedback``) for the loss and, when they are trained on the
@@ -531,6 +573,7 @@ class LanpoTrainer(GRPOTrainer):
             loss.record_forward(capture, result[0])
             if capture.context is not None:
                 self._log_strip_weights(loss.reweight(capture, self.args.strip_ratio_clip))
+                self._log_reliance(loss.reliance_sums(capture))
         return result
 
     def _correct_in_loss(self, inputs: dict, old: torch.Tensor) -> None:
@@ -556,6 +599,13 @@ class LanpoTrainer(GRPOTrainer):
         if total[1] > 0:
             self._metrics["train"]["lanpo/strip_weight_mean"].append(float(total[0] / total[1]))
             self._metrics["train"]["lanpo/strip_weight_clipped"].append(float(total[2] / total[1]))
+
+    def _log_reliance(self, local: torch.Tensor | None) -> None:
+        if local is None:
+            return
+        total = self.accelerator.gather(local[None]).sum(0)
+        if total[1] > 0:
+            self._metrics["train"]["lanpo/hint_reliance"].append(float(total[0] / total[1]))
 
     def _log_kl(self, local: torch.Tensor) -> None:
         """``kl`` (every token, as TRL logs it), ``kl/scratch`` and ``kl/feedback``, over every process."""
@@ -594,6 +644,10 @@ class LanpoTrainer(GRPOTrainer):
             staged.mkdir(parents=True, exist_ok=True)
             if self.accelerator.is_main_process:
                 self.pool.backup(staged / POOL_FILENAME)
+                checkpoints.write_json(
+                    staged / FEEDBACK_STATE,
+                    {"hint_ladder": self.hint_ladder.state_dict(), "transfer": self.transfer.state_dict()},
+                )
                 if (self.run_dir / "config.yaml").is_file():  # what this checkpoint was trained with
                     shutil.copyfile(self.run_dir / "config.yaml", staged / "config.yaml")
             checkpoints.write_state(
@@ -616,6 +670,9 @@ class LanpoTrainer(GRPOTrainer):
             Path(checkpoint), self.pool, self.accelerator.process_index, self.accelerator.num_processes, self.run_dir
         )
         self.retriever.rebuild()
+        state = checkpoints.read_json(Path(checkpoint) / FEEDBACK_STATE)  # absent in checkpoints of older runs
+        self.hint_ladder.load_state_dict(state.get("hint_ladder", {}))
+        self.transfer.load_state_dict(state.get("transfer", {}))
         logger.info(
             "Resumed the experience pool from %s (%d entries, %d pending summaries)",
             checkpoint,
@@ -627,6 +684,28 @@ class LanpoTrainer(GRPOTrainer):
         result = super().train(*args, **kwargs)
         self._summarize_pending_apart()  # the last step's trials
         return result
+
+
+def check_references(source: str, references: dict) -> None:
+    """A privileged ``feedback_source`` has what it reads: worked solutions (reference, self-hint) on some problems,
+    warned about where many lack one (their rows fall back to the plain prompt, counted as no_solution)."""
+    if source == "gold" or not references:
+        return
+    with_solution = sum(1 for r in references.values() if r.solution)
+    if not with_solution:
+        raise ValueError(
+            f"feedback_source {source} shows parts of worked solutions, and none of the {len(references)} training "
+            "problems has one: use data with solutions (builtin:arith, gsm8k, a file with a solution field; "
+            "--solution_field NAME), or feedback_source gold or self."
+        )
+    if with_solution < len(references):
+        logger.warning(
+            "feedback_source %s: %d of %d training problems have no worked solution; their feedback rows get the "
+            "plain prompt (lanpo/fallback/no_solution).",
+            source,
+            len(references) - with_solution,
+            len(references),
+        )
 
 
 class ThreadSizer(TrainerCallback):

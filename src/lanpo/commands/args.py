@@ -104,6 +104,11 @@ def data_field_args(p) -> None:
     p.add_argument("--answer-field", help="field holding the answer (default: answer/final_answer/solution)")
     p.add_argument("--id-field", help="field holding a problem id (default: id/unique_id/idx; else the row number)")
     p.add_argument(
+        "--solution-field",
+        help="field holding a worked solution, for the privileged feedback sources and probe modes (default: "
+        "solution/rationale/explanation; GSM8K's rationale before ####)",
+    )
+    p.add_argument(
         "--problem-template",
         help='build the problem from several fields, e.g. "{Body} {Question}" (field names match case-insensitively)',
     )
@@ -147,6 +152,7 @@ def field_kwargs(args) -> dict:
         "id_field": args.id_field,
         "answer_format": args.answer_format,
         "problem_template": args.problem_template,
+        "solution_field": args.solution_field,
     }
 
 

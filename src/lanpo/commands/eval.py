@@ -44,7 +44,15 @@ def add_parser(sub, name: str, help: str) -> None:
         "--modes",
         default=["zero-shot"],
         type=eval_modes,
-        help="comma-separated: zero-shot, retrieval, self-correct (default: zero-shot)",
+        help="comma-separated: zero-shot, retrieval, self-correct; and the privileged lift probe, reference, gold, "
+        "self-hint (training-only contexts from worked solutions and gold answers, labelled, never a test score; "
+        "every mode then runs on the problems that have a worked solution) (default: zero-shot)",
+    )
+    p.add_argument(
+        "--hint-level",
+        type=at_least(1),
+        default=1,
+        help="reference, self-hint: the hint level shown, 1 to 3 (1/4, 1/2, 3/4 of the solution's steps; default 1)",
     )
     p.add_argument("--pool", help="retrieval mode: a run dir or pool file (opened read-only)")
     p.add_argument(
@@ -87,11 +95,15 @@ def command(args) -> int:
     from lanpo.data.loaders import default_split, load_problems, split_specs
     from lanpo.engine.generation import is_vllm, load_for_generation
     from lanpo.engine.models import check_model_name, size_cpu_threads
-    from lanpo.eval.evaluate import EvalSettings, evaluate, settings_dict, write_results
+    from lanpo.eval.evaluate import PRIVILEGED_MODES, EvalSettings, evaluate, settings_dict, write_results
+    from lanpo.plan import HINT_TOP
     from lanpo.pool.store import ExperiencePool
     from lanpo.run.files import check_writable
 
     modes = args.modes
+    probe = [m for m in modes if m in PRIVILEGED_MODES]
+    if args.hint_level > HINT_TOP:
+        raise ValueError(f"--hint-level must be 1 to {HINT_TOP}, got {args.hint_level}.")
     if "retrieval" in modes and not args.pool:
         raise ValueError("--modes retrieval needs --pool RUN_OR_FILE (the experience pool to retrieve from).")
     if args.pool:  # a missing, corrupt or future-schema pool fails before the model loads
@@ -109,15 +121,22 @@ def command(args) -> int:
         extraction=extraction(args.extraction, args.model),
         rounds=args.rounds,
         seed=args.seed,
+        hint_level=args.hint_level,
     )
     out_root = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out_root, "--out")  # before the model loads and the evaluation runs
     size_cpu_threads()
     datasets = {}
     for spec in specs:  # load every data set first: a typo fails before the model loads
-        datasets[spec] = load_problems(
-            spec, split=args.split or default_split(spec), limit=args.limit, **field_kwargs(args)
-        )
+        problems = load_problems(spec, split=args.split or default_split(spec), limit=args.limit, **field_kwargs(args))
+        if set(probe) - {"gold"}:  # every mode on the same problems: those a worked solution can be shown for
+            problems = [p for p in problems if p.solution]
+            if not problems:
+                raise ValueError(
+                    f"{spec}: --modes {','.join(probe)} shows worked solutions, and no problem has one "
+                    "(--solution-field NAME names the field)."
+                )
+        datasets[spec] = problems
     model, tokenizer = load_for_generation(model_path(args.model), args.backend, args.dtype, args.device, args.seed)
     mode_kwargs = {}
     if "retrieval" in modes:
@@ -136,6 +155,7 @@ def command(args) -> int:
             "data_dir": args.data_dir,
             "limit": args.limit,
             "settings": settings_dict(settings),
+            "privileged_modes": probe,
             "lanpo_version": __version__,
         }
         if "retrieval" in modes:

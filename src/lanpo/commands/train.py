@@ -50,6 +50,13 @@ class TrainArguments:
         metadata={"help": "Build the problem from several fields, e.g. '{Body} {Question}' (case-insensitive names)."},
     )
     answer_format: str | None = field(default=None, metadata={"help": "plain, gsm8k or boxed."})
+    solution_field: str | None = field(
+        default=None,
+        metadata={
+            "help": "Field with a worked solution, for feedback_source reference / gold / self-hint (default: "
+            "solution, rationale or explanation; GSM8K's rationale)."
+        },
+    )
     resume: str | None = field(
         default=None,
         metadata={
@@ -164,6 +171,15 @@ HELP_GROUPS = {
         "old_logps_from_loss",
         "answer_extraction",
         "verify_time_limit",
+    ],
+    "LANPO: privileged feedback (training only)": [
+        "feedback_source",
+        "hint_level",
+        "hint_schedule",
+        "hint_escalation",
+        "hint_anneal_steps",
+        "hint_max_length",
+        "solution_field",
     ],
     "Evaluation during training": ["eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit"],
     "Data and run": [
@@ -482,6 +498,7 @@ def run(argv: list[str]) -> Path:
         id_field=train_args.id_field,
         problem_template=train_args.problem_template,
         answer_format=train_args.answer_format,
+        solution_field=train_args.solution_field,
     )
     # held-out problems load here, from --data_dir like the training data, so a bad name fails before the model
     eval_problems = (

@@ -1,6 +1,8 @@
 """Problems: one schema, one loader.
 
-Every data source becomes a list of :class:`Problem` ``{id, problem, answer, source}``. A data spec is one of
+Every data source becomes a list of :class:`Problem` ``{id, problem, answer, source, solution}``, where
+``solution`` is a worked solution when the source has one (the privileged feedback sources show parts of it during
+training only; :mod:`lanpo.feedback.privileged`). A data spec is one of
 
 * ``builtin:arith`` — the embedded procedural generator (options after ``?``: ``levels=1,2,3``, ``n=``,
   ``seed=``, ``split=train|test``); train and test splits are disjoint by construction;
@@ -36,6 +38,7 @@ class Problem:
     problem: str
     answer: str
     source: str = ""
+    solution: str | None = None  # a worked solution, steps one per line where the source writes them so
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -68,6 +71,28 @@ ANSWER_FORMATS: dict[str, Callable[[Any], str | None]] = {
 
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
 ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "ground_truth")
+SOLUTION_FIELDS = ("solution", "rationale", "explanation")
+_CALCULATOR = re.compile(r"<<[^<>]*>>")
+
+
+def gsm8k_rationale(text: str) -> str | None:
+    """A GSM8K answer's worked solution: the text before ``####``, its calculator annotations ``<<48/2=24>>``
+    removed (they are the grader's, not the solution's)."""
+    if not isinstance(text, str) or "####" not in text:
+        return None
+    rationale = _CALCULATOR.sub("", text.rsplit("####", 1)[0]).strip()
+    return rationale or None
+
+
+def _solution(row: dict, key: str | None, a_key: str | None, answer_format: str) -> str | None:
+    """The row's worked solution: GSM8K's rationale when the answer is written GSM8K's way, else the solution field
+    (named, or the first of :data:`SOLUTION_FIELDS`); None where there is none or it is not text."""
+    if answer_format == "gsm8k" and a_key is not None:
+        return gsm8k_rationale(row.get(a_key))
+    value = row.get(key) if key is not None else None
+    return value.strip() or None if isinstance(value, str) else None
+
+
 ID_FIELDS = ("id", "unique_id", "idx", "problem_id", "uid")
 
 
@@ -160,8 +185,12 @@ def rows_to_problems(
     answer_format: str = "plain",
     stats: LoadStats | None = None,
     problem_template: str | None = None,
+    solution_field: str | None = None,
 ) -> list[Problem]:
     """Map raw rows to problems; rows missing a problem or answer are skipped and counted in ``stats``.
+
+    ``solution_field`` names the field of a worked solution (default: the first of :data:`SOLUTION_FIELDS`; GSM8K's
+    answer format reads its rationale); a row without one is kept with ``solution`` None.
 
     ``problem_template`` builds the problem from several fields (``"{Body} {Question}"``, case-insensitive).
     Field names match case-insensitively. Golds written with a unit note (``9 (apples)``) are kept as the number.
@@ -243,7 +272,8 @@ def rows_to_problems(
         if pid in seen_ids:
             pid = f"{pid}-{index}"
         seen_ids.add(pid)
-        problems.append(Problem(pid, text, answer, source))
+        solution = _solution(row, _pick(row, solution_field, SOLUTION_FIELDS), a_key, answer_format)
+        problems.append(Problem(pid, text, answer, source, solution))
         stats.kept += 1
     if stats.skipped:
         rows_named = "; ".join(
@@ -351,7 +381,9 @@ def builtin_arith(
         logger.warning(
             "builtin:arith levels %s hold only %d distinct %s problems (asked for %d)", levels, len(rows), split, n
         )
-    return [Problem(pid, text, answer, f"builtin:arith/L{level}") for pid, text, answer, level in rows]
+    return [
+        Problem(pid, text, answer, f"builtin:arith/L{level}", solution) for pid, text, answer, level, solution in rows
+    ]
 
 
 def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
@@ -395,6 +427,7 @@ def load_problems(
     answer_format: str | None = None,
     seed: int | None = None,
     problem_template: str | None = None,
+    solution_field: str | None = None,
 ) -> list[Problem]:
     """Load problems from any data spec (see the module docstring). ``limit`` keeps the first N.
 
@@ -410,6 +443,7 @@ def load_problems(
             "answer_field": answer_field,
             "id_field": id_field,
             "problem_template": problem_template,
+            "solution_field": solution_field,
         }
         problems = _load(spec, split, data_dir, answer_format, fields)
     if not problems:
@@ -498,11 +532,14 @@ def _hub_rows(name: str, config: str | None, split: str):
 
 
 def to_prompt_dataset(problems: list[Problem]):
-    """A ``datasets.Dataset`` with the fields TRL needs (``prompt``) and the ones lanpo's rewards read."""
+    """A ``datasets.Dataset`` with the fields TRL needs (``prompt``) and the ones lanpo's rewards read, plus a
+    ``solution`` column when any problem has one (the trainer takes it out before TRL sees a row:
+    :func:`lanpo.feedback.privileged.take_references`)."""
     import datasets
 
     from lanpo.prompts import solve_messages
 
+    with_solutions = any(p.solution for p in problems)
     return datasets.Dataset.from_list(
         [
             {
@@ -511,6 +548,7 @@ def to_prompt_dataset(problems: list[Problem]):
                 "problem_id": p.id,
                 "problem": p.problem,
                 "source": p.source,
+                **({"solution": p.solution or ""} if with_solutions else {}),
             }
             for p in problems
         ]

@@ -8,6 +8,18 @@ Modes (LANPO's three inference settings):
 * ``self-correct`` — reward-agnostic reflection at test time: attempt, then ``rounds`` times critique the
   previous attempt (no grading shown) and write a new one; the last round's answer is scored.
 
+The **privileged** modes are a lift probe, not a test: each shows the context a privileged feedback source gives in
+training (:mod:`lanpo.feedback.privileged`), built from the problem's worked solution or gold answer, to measure how
+much that context helps the model in context before any training pays for it:
+
+* ``reference`` — the first part of the worked solution at ``hint_level``;
+* ``gold`` — a zero-shot attempt, the critique "the generated solution is (in)correct, the ground truth is X",
+  and a new attempt (the one scored);
+* ``self-hint`` — the model writes one hint per problem from the solution (dropped if it states the answer: the
+  plain prompt; unparseable: the reference context), then answers with it.
+
+Their results say ``privileged: true``, their table rows are labelled, and ``lanpo compare`` leaves them out.
+
 Every result file records the prompt, the decoding settings and the verifier settings next to the numbers,
 and every completion is saved so results can be read, not just trusted.
 """
@@ -32,7 +44,9 @@ from lanpo.verify.rewards import MathVerifier
 
 logger = logging.getLogger(__name__)
 
-MODES = ("zero-shot", "retrieval", "self-correct")
+TEST_MODES = ("zero-shot", "retrieval", "self-correct")
+PRIVILEGED_MODES = ("reference", "gold", "self-hint")  # a probe of in-context lift: never a test score
+MODES = TEST_MODES + PRIVILEGED_MODES
 
 
 @dataclass
@@ -46,6 +60,8 @@ class EvalSettings:
     verify_time_limit: float = 2.0
     rounds: int = 1  # self-correct: reflection rounds after the first attempt
     seed: int = 0
+    hint_level: int = 1  # reference, self-hint: the hint level shown (1..3)
+    hint_max_new_tokens: int = 128  # self-hint: most tokens of a hint
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -278,6 +294,103 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# Privileged modes: the lift probe (training-only contexts, measured in context)
+
+
+def _privileged(mode: str, metrics: dict, problems, prompts, samples, scores, settings, extra=None, info=None):
+    """A privileged mode's result, marked as such wherever it is written."""
+    records = _records(problems, prompts, samples, scores, settings.extraction, extra)
+    return ModeResult(mode, metrics, records, {"privileged": True, "hint_level": settings.hint_level, **(info or {})})
+
+
+def _reference_prompt(problem: Problem, level: int):
+    from lanpo.feedback.privileged import level_share, solution_prefix
+    from lanpo.prompts import reference_messages
+
+    prefix = solution_prefix(problem.solution or "", level_share(level))
+    return reference_messages(problem.problem, prefix) if prefix else None
+
+
+def run_reference(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    built = [_reference_prompt(p, settings.hint_level) for p in problems]
+    prompts = [b or solve_messages(p.problem) for b, p in zip(built, problems)]
+    samples = _sample(model, tokenizer, prompts, settings, "reference")
+    scores = _score(verifier, problems, samples)
+    metrics = summarize_scores(scores, samples)
+    metrics["context_rate"] = sum(b is not None for b in built) / len(problems)
+    return _privileged("reference", metrics, problems, prompts, samples, scores, settings)
+
+
+def run_gold(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    from lanpo.prompts import gold_messages
+
+    k = settings.k
+    first = _sample(model, tokenizer, [solve_messages(p.problem) for p in problems], settings, "gold r0")
+    first_scores = _score(verifier, problems, first)
+    prompts = [
+        gold_messages(p.problem, s.text, p.answer, sc > 0.5)
+        for p, row, row_scores in zip(problems, first, first_scores)
+        for s, sc in zip(row, row_scores)
+    ]
+    decoding = {"temperature": settings.temperature, "top_p": settings.top_p}
+    new = generate(
+        model,
+        tokenizer,
+        prompts,
+        n=1,
+        max_new_tokens=settings.max_new_tokens,
+        batch_size=settings.batch_size,
+        progress="gold r1",
+        **decoding,
+    )
+    final = [[new[i * k + j][0] for j in range(k)] for i in range(len(problems))]
+    scores = _score(verifier, problems, final)
+    metrics = summarize_scores(scores, final)
+    metrics[f"mean@{k}_round0"] = summarize_scores(first_scores, first)[f"mean@{k}"]
+    shown = [prompts[i * k] for i in range(len(problems))]
+    return _privileged("gold", metrics, problems, shown, final, scores, settings)
+
+
+def run_self_hint(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    from lanpo.feedback.privileged import states_answer
+    from lanpo.prompts import hinted_messages, parse_hint, self_hint_messages, with_prefill
+
+    asks = [self_hint_messages(p.problem, p.solution, settings.hint_level) if p.solution else None for p in problems]
+    asked = [i for i, a in enumerate(asks) if a is not None]
+    written = generate(
+        model,
+        tokenizer,
+        [asks[i] for i in asked],
+        n=1,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        max_new_tokens=settings.hint_max_new_tokens,
+        batch_size=settings.batch_size,
+        progress="self-hint: hints",
+    )
+    hints = {i: with_prefill(asks[i], row[0].text) for i, row in zip(asked, written)}
+    prompts, extra, counts = [], [], {"hints_used": 0, "unparsed": 0, "states_answer": 0, "no_solution": 0}
+    for i, p in enumerate(problems):
+        hint = parse_hint(hints[i]) if i in hints else None
+        if i not in hints:
+            why, prompt = "no_solution", solve_messages(p.problem)
+        elif hint is None:
+            why, prompt = "unparsed", _reference_prompt(p, settings.hint_level) or solve_messages(p.problem)
+        elif states_answer(hint, p.answer):
+            why, prompt = "states_answer", solve_messages(p.problem)
+        else:
+            why, prompt = "hints_used", hinted_messages(p.problem, hint)
+        counts[why] += 1
+        prompts.append(prompt)
+        extra.append({"hint": hints.get(i), "hint_outcome": why})
+    samples = _sample(model, tokenizer, prompts, settings, "self-hint")
+    scores = _score(verifier, problems, samples)
+    metrics = summarize_scores(scores, samples)
+    metrics.update({f"hint_{k}_rate": v / len(problems) for k, v in counts.items()})
+    return _privileged("self-hint", metrics, problems, prompts, samples, scores, settings, extra)
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Driver and reports
 
 
@@ -294,7 +407,14 @@ def evaluate(
         raise ValueError(f"Unknown mode(s) {unknown}; choose from {MODES}.")
     import torch
 
-    runners = {"zero-shot": run_zero_shot, "retrieval": run_retrieval, "self-correct": run_self_correct}
+    runners = {
+        "zero-shot": run_zero_shot,
+        "retrieval": run_retrieval,
+        "self-correct": run_self_correct,
+        "reference": run_reference,
+        "gold": run_gold,
+        "self-hint": run_self_hint,
+    }
     results = []
     with MathVerifier(settings.verify_time_limit, settings.extraction) as verifier:
         for mode in modes:
@@ -343,13 +463,23 @@ def markdown_table(results: list[ModeResult], header: dict) -> str:
     for r in results:
         m = r.metrics
         notes = []
+        if r.info.get("privileged"):
+            notes.append(
+                f"PRIVILEGED probe (training-only context, level {r.info.get('hint_level')}): not a test score"
+            )
         if "context_rate" in m:
             notes.append(f"context on {m['context_rate']:.0%} of problems")
+        if "hint_hints_used_rate" in m:
+            notes.append(
+                f"hints used {m['hint_hints_used_rate']:.0%}, stated the answer {m['hint_states_answer_rate']:.0%}, "
+                f"unparsed {m['hint_unparsed_rate']:.0%}"
+            )
         rounds = [m[key] for key in sorted(m) if key.startswith(f"mean@{k}_round")]
         if rounds:
             notes.append("per round " + " → ".join(f"{x:.3f}" for x in rounds))
+        label = f"{r.mode} (privileged)" if r.info.get("privileged") else r.mode
         lines.append(
-            f"| {r.mode} | {m[f'mean@{k}']:.3f} | {m[f'mean@{k}_stderr']:.3f} | {m['pass@1']:.3f} | "
+            f"| {label} | {m[f'mean@{k}']:.3f} | {m[f'mean@{k}_stderr']:.3f} | {m['pass@1']:.3f} | "
             f"{m[f'pass@{k}']:.3f} | {m['mean_length']:.1f} | {m['truncation_rate']:.2f} | "
             f"{'; '.join(notes)} |"
         )

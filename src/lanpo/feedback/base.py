@@ -27,6 +27,8 @@ class FeedbackRequest(NamedTuple):
     problem: str
     rows: int  # how many of the group's rows want this source's context
     attempts: tuple[str, ...] | None = None  # the group's own attempts handed over (None: the source finds its own)
+    level: int | None = None  # privileged sources: the hint level asked for (None: the problem's on the ladder)
+    scale: float = 1.0  # privileged sources: the share of a hint kept this step (hint_anneal_steps)
 
 
 class Feedback(NamedTuple):
@@ -35,12 +37,16 @@ class Feedback(NamedTuple):
     messages: Messages | None
     reason: str = ""
     retrieved: tuple[dict, ...] = ()  # the pool entries shown ({"entry_id", "relevance"}), for retrievals.jsonl
+    level: int | None = None  # privileged sources: the hint level the context carries
 
 
 class FeedbackSource:
     """A kind of feedback row: ``kind`` is the row kind a :class:`lanpo.plan.GroupPlan` gives it."""
 
     kind: ClassVar[str]
+    privileged: ClassVar[bool] = False  # built from a worked solution or the gold answer (training only)
+    collective: ClassVar[bool] = False  # generates: every process asks it once a step, with or without groups
+    leveled: ClassVar[bool] = False  # its contexts come at hint levels (FeedbackRequest.level; escalation)
 
     @classmethod
     def for_run(cls, kit: SourceKit) -> FeedbackSource:
@@ -66,3 +72,4 @@ class SourceKit:
     pool: ExperiencePool
     retriever: Retriever
     judge: Callable[[], AbstractContextManager] | None = None  # the full policy for the LLM relevance judge
+    privileged: Any = None  # lanpo.feedback.privileged.PrivilegedKit: references and hint levels (privileged only)

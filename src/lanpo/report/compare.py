@@ -17,12 +17,14 @@ def _mean_last(rows: list[dict], key: str, n: int = 5) -> float | None:
 
 
 def _evals(run: Path) -> dict[str, dict]:
-    """Evaluation results stored under the run (``eval*/results.json``)."""
+    """Evaluation results stored under the run (``eval*/results.json``), privileged probe modes left out: they show a
+    training-only context and are no test score."""
     found = {}
     for path in sorted(run.glob("eval*/results.json")):
         data = json.loads(path.read_text())
         for mode, result in data.get("modes", {}).items():
-            found[f"{path.parent.name}/{mode}"] = result["metrics"]
+            if not result.get("privileged"):
+                found[f"{path.parent.name}/{mode}"] = result["metrics"]
     return found
 
 

@@ -62,6 +62,18 @@ def write_state(folder: Path, rank: int, world_size: int, step: int, pending: li
     os.replace(tmp, folder / state_file(rank))
 
 
+def write_json(path: Path, data: dict) -> None:
+    """``data`` as JSON at ``path``, written under a temporary name and renamed (a kill leaves the old file or none)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from ``path``; empty where the file is absent (checkpoints of older runs lack newer files)."""
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def commit(staged: Path, final: Path, save_total_limit: int | None = None, best: str | None = None) -> None:
     """Move a fully written checkpoint into place (the main process, after every process wrote its part), then
     keep the newest ``save_total_limit`` checkpoints as transformers does (``best``: its best model checkpoint)."""

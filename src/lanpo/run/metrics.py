@@ -22,6 +22,20 @@ METRICS: dict[str, str] = {
     "accuracy/<kind>/mean": "share of rows of a kind whose answer the verifier credits",
     "completions/truncated/<kind>": "share of scratch / feedback rows that reached their length limit",
     "lanpo/feedback_lift": "accuracy of feedback rows minus that of the scratch rows of the same groups",
+    "lanpo/feedback_lift/<kind>": "the same, for the feedback rows of one source (reflection, abstraction, reference, "
+    "gold, self-hint)",
+    "lanpo/transfer": "of the problems first solved only by a feedback row (no scratch row right before), the share "
+    "a scratch row solved at a later step (this run so far)",
+    "lanpo/transfer_problems": "problems first solved only by a feedback row, this run so far",
+    "lanpo/hint_reliance": "strip family: mean over right feedback rows of mean per-token log pi(y|x,c) minus mean "
+    "per-token log pi_old(y|x) (HiLL's reliance as an NLL gap; near 0: y would be written without the context)",
+    "hint/level_mean": "reference, self-hint: mean hint level of the rows that carried one",
+    "hint/accuracy/<level>": "reference, self-hint: share of rows right at a hint level (L1, L2, L3)",
+    "hint/rows/<level>": "reference, self-hint: rows generated at a hint level",
+    "hint/escalated": "hint_escalation: hinted rows re-generated a level up this step",
+    "hint/self_hint_written": "self-hint: hints the policy wrote this step",
+    "hint/self_hint_unparsed": "self-hint: hints that did not parse (their rows got the reference context)",
+    "hint/self_hint_states_answer": "self-hint: hints dropped for stating the final answer (rows got the plain prompt)",
     "lanpo/all_fail_share": "share of groups in which every row failed (no reward signal but failure; every arm)",
     "lanpo/triggered_share": "feedback_trigger unsolved: share of groups whose scratch rows all failed",
     "lanpo/rescued_share": "feedback_trigger unsolved: share of groups where a feedback row is right though "
@@ -76,6 +90,8 @@ class RowRecord(NamedTuple):
     group: str = ""  # which group of G it belongs to (unique in a step over every process)
     triggered: bool | None = None  # feedback_trigger unsolved: its group failed from scratch (None: always)
     truncated: bool = False  # its completion reached its length limit
+    problem_id: str = ""
+    level: int | None = None  # privileged sources: the hint level its context carried
 
 
 def row_record(row: Row, reward: float, correct: bool, group: str = "") -> RowRecord:
@@ -90,6 +106,8 @@ def row_record(row: Row, reward: float, correct: bool, group: str = "") -> RowRe
         group,
         row.triggered,
         row.truncated,
+        row.problem_id,
+        row.level if row.has_feedback else None,
     )
 
 
@@ -111,8 +129,7 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
     groups = {
         "feedback": with_feedback,
         "scratch": [x for x in records if not x.has_feedback],
-        "reflection": [x for x in with_feedback if x.kind == "reflection"],
-        "abstraction": [x for x in with_feedback if x.kind == "abstraction"],
+        **{kind: [x for x in with_feedback if x.kind == kind] for kind in FEEDBACK_KINDS},
     }
     for name, part in groups.items():
         if part:
@@ -144,9 +161,13 @@ def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
         "lanpo/all_fail_share": sum(not any(x.correct for x in rows) for rows in by_group.values()) / len(by_group)
     }
     if mixed:
-        feedback = [x.correct for rows in mixed for x in rows if x.has_feedback]
         scratch = [x.correct for rows in mixed for x in rows if not x.has_feedback]
-        metrics["lanpo/feedback_lift"] = sum(feedback) / len(feedback) - sum(scratch) / len(scratch)
+        base = sum(scratch) / len(scratch)
+        feedback = [x for rows in mixed for x in rows if x.has_feedback]
+        metrics["lanpo/feedback_lift"] = sum(x.correct for x in feedback) / len(feedback) - base
+        for kind in sorted({x.kind for x in feedback}):
+            part = [x.correct for x in feedback if x.kind == kind]
+            metrics[f"lanpo/feedback_lift/{kind}"] = sum(part) / len(part) - base
     if any(x.triggered is not None for x in records):
         triggered = [rows for rows in by_group.values() if rows[0].triggered]
         rescued = sum(any(x.has_feedback and x.correct for x in rows) for rows in triggered)
@@ -155,6 +176,85 @@ def lift_and_trigger_metrics(records: Sequence[RowRecord]) -> dict[str, float]:
         if triggered:
             metrics["lanpo/rescue_rate"] = rescued / len(triggered)
     return metrics
+
+
+def hint_metrics(records: Sequence[RowRecord], counts: dict) -> dict[str, float]:
+    """Hint levels and success per level of the rows that carried a level, the escalations and the self-hint
+    counters of this step (absent where no row carried a level and nothing was counted)."""
+    leveled = [x for x in records if x.level is not None]
+    metrics: dict[str, float] = {}
+    if leveled:
+        metrics["hint/level_mean"] = sum(x.level for x in leveled) / len(leveled)
+        for level in sorted({x.level for x in leveled}):
+            part = [x.correct for x in leveled if x.level == level]
+            metrics[f"hint/accuracy/L{level}"] = sum(part) / len(part)
+            metrics[f"hint/rows/L{level}"] = float(len(part))
+    for name in ("hint_escalated", "self_hint_written", "self_hint_unparsed", "self_hint_states_answer"):
+        if name in counts:
+            metrics[f"hint/{name.removeprefix('hint_')}"] = float(counts[name])
+    return metrics
+
+
+class GroupOutcome(NamedTuple):
+    """One group of a step, for :class:`Transfer`: whether a scratch row, and whether a feedback row, was right."""
+
+    problem_id: str
+    scratch_right: bool
+    feedback_right: bool
+
+
+def group_outcomes(records: Sequence[RowRecord]) -> list[GroupOutcome]:
+    by_group: dict[str, list[RowRecord]] = {}
+    for x in records:
+        by_group.setdefault(x.group, []).append(x)
+    return [
+        GroupOutcome(
+            rows[0].problem_id,
+            any(x.correct and not x.has_feedback for x in rows),
+            any(x.correct and x.has_feedback for x in rows),
+        )
+        for rows in by_group.values()
+    ]
+
+
+class Transfer:
+    """Transfer of feedback-only success to the plain policy: the problems first solved only by a feedback row (no
+    scratch row of the problem right at that step or before), and of those the ones a scratch row solved at a later
+    step. Kept across steps (and checkpoints: :meth:`state_dict`)."""
+
+    def __init__(self) -> None:
+        self.first_with_feedback: dict[str, int] = {}  # problem -> the step feedback alone solved it
+        self.later_from_scratch: dict[str, int] = {}  # of those, problem -> the step a scratch row first did
+        self.solved_from_scratch: set[str] = set()
+
+    def update(self, step: int, outcomes: Sequence[GroupOutcome]) -> None:
+        for pid, scratch_right, feedback_right in outcomes:
+            if scratch_right:
+                if pid in self.first_with_feedback and pid not in self.later_from_scratch:
+                    self.later_from_scratch[pid] = step
+                self.solved_from_scratch.add(pid)
+            elif feedback_right and pid not in self.solved_from_scratch and pid not in self.first_with_feedback:
+                self.first_with_feedback[pid] = step
+
+    def metrics(self) -> dict[str, float]:
+        if not self.first_with_feedback:
+            return {}
+        return {
+            "lanpo/transfer": len(self.later_from_scratch) / len(self.first_with_feedback),
+            "lanpo/transfer_problems": float(len(self.first_with_feedback)),
+        }
+
+    def state_dict(self) -> dict:
+        return {
+            "first_with_feedback": self.first_with_feedback,
+            "later_from_scratch": self.later_from_scratch,
+            "solved_from_scratch": sorted(self.solved_from_scratch),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first_with_feedback = {str(k): int(v) for k, v in state.get("first_with_feedback", {}).items()}
+        self.later_from_scratch = {str(k): int(v) for k, v in state.get("later_from_scratch", {}).items()}
+        self.solved_from_scratch = {str(k) for k in state.get("solved_from_scratch", [])}
 
 
 def step_metrics(
@@ -172,6 +272,7 @@ def step_metrics(
         "lanpo/pool_problems": float(pool_stats["problems"]),
         **retrieval,
         "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0)),
+        **hint_metrics(records, counts),
     }
     if summaries.get("requested"):
         failed = summaries.get("parse_failed", 0)

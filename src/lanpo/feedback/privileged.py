@@ -1,0 +1,289 @@
+"""Privileged feedback: contexts that carry what the policy does not know, shown during training only.
+
+* ``reference`` — the first part of the problem's worked solution, cut at its steps, at a hint level (1, 2, 3:
+  a quarter, half, three quarters of the steps; never the last step): UFT, GHPO, QuestA;
+* ``gold`` — the model's own attempt, the critique "the generated solution is incorrect, the ground truth is X"
+  (or correct, where the verifier credits it), and a request to solve again: Critique-GRPO's ``simple_gt``;
+* ``self-hint`` — the policy itself, shown the worked solution, writes a hint at a level; a hint that states the
+  final answer in any form is dropped, one that does not parse falls back to ``reference`` (SAGE).
+
+A problem's level moves across steps on a :class:`HintLadder` (SAGE's light variant), may escalate within a step
+(:func:`lanpo.rollout.escalate_hints`) and may anneal to zero (UFT). Solutions and gold answers reach these
+sources only, through :class:`PrivilegedKit`: the trainer takes the ``solution`` column out of the dataset before
+TRL sees a row (:func:`take_references`), so no scratch row, stored attempt, summary or reward function reads one,
+and a ``self`` run never builds these sources.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
+from lanpo.feedback.labels import ANSWER_STATEMENT
+from lanpo.feedback.reflection import ReflectionSource
+from lanpo.plan import HINT_TOP
+from lanpo.prompts import (
+    Messages,
+    gold_messages,
+    hinted_messages,
+    parse_hint,
+    reference_messages,
+    self_hint_messages,
+)
+from lanpo.verify.answers import mentions_answer
+
+
+@dataclass(frozen=True)
+class Reference:
+    """What a privileged source may know of a problem: its gold answer and worked solution (None: none)."""
+
+    answer: str
+    solution: str | None = None
+
+
+def take_references(dataset) -> tuple[Any, dict[str, Reference]]:
+    """``dataset`` without its ``solution`` column, and every problem's :class:`Reference` by problem id (the id
+    the rollout gives a row: its ``problem_id`` column, else a hash of its problem)."""
+    if dataset is None:
+        return None, {}
+    has_solution = "solution" in dataset.column_names
+    references = {}
+    for row in dataset:
+        problem = row.get("problem")
+        if not problem:
+            prompt = row["prompt"]
+            problem = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+        pid = row.get("problem_id") or "h-" + hashlib.sha1(str(problem).encode()).hexdigest()[:12]
+        solution = row.get("solution") if has_solution else None
+        references[str(pid)] = Reference(
+            str(row["answer"]), solution.strip() or None if isinstance(solution, str) else None
+        )
+    return (dataset.remove_columns("solution") if has_solution else dataset), references
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Solutions cut at their steps
+
+
+def split_steps(solution: str) -> list[str]:
+    """A worked solution's steps: its non-empty lines, or where it is one paragraph, its sentences (a full stop,
+    question or exclamation mark followed by a space, never inside ``$...$`` math)."""
+    lines = [line.strip() for line in solution.splitlines() if line.strip()]
+    if len(lines) != 1:
+        return lines
+    text, steps, start, in_math = lines[0], [], 0, False
+    for i, ch in enumerate(text):
+        if ch == "$":
+            in_math = not in_math
+        elif ch in ".!?" and not in_math and i + 1 < len(text) and text[i + 1] == " ":
+            steps.append(text[start : i + 1].strip())
+            start = i + 1
+    steps.append(text[start:].strip())
+    return [step for step in steps if step]
+
+
+def level_share(level: int, scale: float = 1.0) -> float:
+    """The share of a solution's steps a hint level shows: level / (HINT_TOP + 1), times the anneal ``scale``."""
+    return level / (HINT_TOP + 1) * scale
+
+
+def solution_prefix(solution: str, share: float) -> str | None:
+    """The first ``round(share × steps)`` steps (half up), at most all but the last; None when that is none."""
+    steps = split_steps(solution)
+    k = min(len(steps) - 1, int(len(steps) * share + 0.5))
+    return "\n".join(steps[:k]) if k >= 1 else None
+
+
+def states_answer(text: str, answer: str) -> bool:
+    """Whether ``text`` states ``answer`` in any form (``7`` as ``seven``, ``14/2``, ``\\frac{14}{2}``...), or
+    states an answer at all ("the answer is", ``\\boxed``): the pool's lesson scrub."""
+    return bool(ANSWER_STATEMENT.search(text)) or mentions_answer(text, answer)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hint levels across steps
+
+
+@dataclass
+class HintLadder:
+    """Each problem's hint level across steps (SAGE's light variant): after a step in which at most ``up_at`` of
+    its hinted rows were right it goes up one level, above ``down_at`` down one, within 1..HINT_TOP. ``adaptive``
+    False keeps every problem at ``start``."""
+
+    start: int = 1
+    adaptive: bool = True
+    up_at: float = 0.1
+    down_at: float = 0.35
+    levels: dict[str, int] = field(default_factory=dict)
+
+    def level(self, problem_id: str) -> int:
+        return self.levels.get(problem_id, self.start)
+
+    def update(self, problem_id: str, accuracy: float) -> int:
+        """Move ``problem_id`` by the accuracy of its hinted rows this step; returns its new level."""
+        level = self.level(problem_id)
+        if self.adaptive:
+            if accuracy <= self.up_at:
+                level = min(HINT_TOP, level + 1)
+            elif accuracy > self.down_at:
+                level = max(1, level - 1)
+            self.levels[problem_id] = level
+        return level
+
+    def state_dict(self) -> dict:
+        return {"levels": dict(self.levels)}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.levels = {str(k): int(v) for k, v in (state.get("levels") or {}).items()}
+
+
+@dataclass
+class PrivilegedKit:
+    """What the privileged sources hold, and only they: references by problem id, the hint ladder, the verifier
+    (``right(golds, texts, problems)``: which texts it credits) and the policy as a writer (``write(prompts)``:
+    one text per prompt, for self-hints)."""
+
+    references: Mapping[str, Reference]
+    ladder: HintLadder
+    right: Callable[[list[str], list[str], list[str]], list[bool]]
+    write: Callable[[list[Messages]], list[str]] | None = None
+
+
+def _level(kit: PrivilegedKit, request: FeedbackRequest) -> int:
+    return request.level if request.level is not None else kit.ladder.level(request.problem_id)
+
+
+def reference_context(kit: PrivilegedKit, request: FeedbackRequest, level: int) -> Feedback:
+    """The ``reference`` context of a request at ``level``, or why there is none."""
+    reference = kit.references.get(request.problem_id)
+    if reference is None or not reference.solution:
+        return Feedback(None, "no_solution")
+    prefix = solution_prefix(reference.solution, level_share(level, request.scale))
+    if prefix is None:
+        return Feedback(None, "annealed" if request.scale < 1.0 else "solution_too_short")
+    return Feedback(reference_messages(request.problem, prefix), level=level)
+
+
+class ReferenceSource(FeedbackSource):
+    """``reference`` rows: the first part of the worked solution, at the problem's hint level."""
+
+    kind = "reference"
+    privileged = True
+    leveled = True
+
+    def __init__(self, kit: PrivilegedKit) -> None:
+        self.kit = kit
+
+    @classmethod
+    def for_run(cls, kit: SourceKit) -> ReferenceSource:
+        return cls(kit.privileged)
+
+    def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
+        return [[reference_context(self.kit, r, _level(self.kit, r))] * r.rows for r in requests]
+
+
+class GoldSource(ReflectionSource):
+    """``gold`` rows: one of the group's own attempts (found as reflection finds them: ``reflection_source``), the
+    verifier's verdict on it and the gold answer, then a request to solve again. No hint level."""
+
+    kind = "gold"
+    privileged = True
+
+    def __init__(self, pool, mode: str, kit: PrivilegedKit) -> None:
+        super().__init__(pool, mode)
+        self.kit = kit
+
+    @classmethod
+    def for_run(cls, kit: SourceKit) -> GoldSource:
+        return cls(kit.pool, kit.args.reflection_source, kit.privileged)
+
+    def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
+        shown: list[tuple[FeedbackRequest, str, str]] = []  # (request, attempt, answer) per row
+        missing: dict[int, str] = {}
+        for n, request in enumerate(requests):
+            reference = self.kit.references.get(request.problem_id)
+            attempts = [a for a in (request.attempts or ()) if a.strip()]
+            if not attempts:
+                attempts = [a.text for a in self.pool.attempts(request.problem_id) if a.text.strip()]
+            if reference is None or not attempts:
+                missing[n] = "no_answer" if reference is None else "no_attempt"
+                continue
+            shown += [(request, attempts[j % len(attempts)], reference.answer) for j in range(request.rows)]
+        verdicts = iter(
+            self.kit.right([a for _, _, a in shown], [t for _, t, _ in shown], [r.problem for r, _, _ in shown])
+        )
+        rows = iter(shown)
+        built = []
+        for n, request in enumerate(requests):
+            if n in missing:
+                built.append([Feedback(None, missing[n])] * request.rows)
+                continue
+            group = []
+            for _ in range(request.rows):
+                _, attempt, answer = next(rows)
+                group.append(Feedback(gold_messages(request.problem, attempt, answer, next(verdicts))))
+            built.append(group)
+        return built
+
+
+class SelfHintSource(FeedbackSource):
+    """``self-hint`` rows: the policy writes one hint per group from the problem and its worked solution at the
+    problem's level; every row of the group gets it. A hint stating the final answer is dropped (the rows fall back
+    to the plain prompt); one that does not parse falls back to the ``reference`` context (both counted)."""
+
+    kind = "self-hint"
+    privileged = True
+    collective = True
+    leveled = True
+
+    def __init__(self, kit: PrivilegedKit) -> None:
+        if kit.write is None:
+            raise ValueError("feedback_source self-hint needs the policy to write hints (PrivilegedKit.write).")
+        self.kit = kit
+
+    @classmethod
+    def for_run(cls, kit: SourceKit) -> SelfHintSource:
+        return cls(kit.privileged)
+
+    def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
+        levels = [max(0, round(_level(self.kit, r) * r.scale)) for r in requests]
+        references = [self.kit.references.get(r.problem_id) for r in requests]
+        asked = [
+            n for n, (ref, level) in enumerate(zip(references, levels)) if ref is not None and ref.solution and level
+        ]
+        prompts = [self_hint_messages(requests[n].problem, references[n].solution, levels[n]) for n in asked]
+        written = dict(zip(asked, self.kit.write(prompts)))  # every process writes, with or without prompts
+        built = []
+        for n, request in enumerate(requests):
+            built.append([self._context(request, references[n], levels[n], written.get(n), counts)] * request.rows)
+        return built
+
+    def _context(
+        self, request: FeedbackRequest, reference: Reference | None, level: int, text: str | None, counts: Counter
+    ) -> Feedback:
+        if reference is None or not reference.solution:
+            return Feedback(None, "no_solution")
+        if level == 0:
+            return Feedback(None, "annealed")
+        counts["self_hint_written"] += 1
+        hint = parse_hint(text or "")
+        if hint is None:
+            counts["self_hint_unparsed"] += 1
+            return reference_context(self.kit, request, level)
+        if states_answer(hint, reference.answer):
+            counts["self_hint_states_answer"] += 1
+            return Feedback(None, "hint_states_answer")
+        return Feedback(hinted_messages(request.problem, hint), level=level)
+
+
+def hint_reliance(plain: Sequence[float], hinted: Sequence[float]) -> float:
+    """HiLL's hint reliance of one rollout y drawn under a hint h: mean per-token log π(y|x,h) minus mean per-token
+    log π(y|x) (the no-hint negative log-likelihood minus the hinted one). Near 0, the policy would write y without
+    the hint too: hinted success can transfer; large, y leans on the hint."""
+    if not plain or len(plain) != len(hinted):
+        raise ValueError("hint_reliance needs one value per token of both log-probabilities.")
+    return sum(hinted) / len(hinted) - sum(plain) / len(plain)
