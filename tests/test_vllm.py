@@ -332,3 +332,29 @@ def test_old_log_probabilities_from_the_loss_skip_the_old_policy_pass(vllm_model
     for key in ("loss", "sampling/importance_sampling_ratio/mean", "sampling/sampling_logp_difference/max"):
         values = history(trainer, key)
         assert len(values) == 2 and all(v == v and abs(v) != float("inf") for v in values), (key, values)
+
+
+@pytest.mark.parametrize("source", ["reference", "self-hint"])
+def test_privileged_sources_train_under_vllm_with_hints_written_by_the_engine(vllm_model_dir, tmp_path, source):
+    """Self-hints are written through the same engine at hint_max_length; hinted rows carry the sampler's
+    log-probabilities into the strip loss, and reliance is logged from them."""
+    trainer = vllm_trainer(
+        vllm_model_dir, tmp_path / source, feedback_source=source, summaries_per_group=0, hint_max_length=5
+    )
+    stubbed, limits = trainer._generate_ids, []
+
+    def generate(prompt_ids):
+        hint = any("Write a one-sentence hint" in trainer.processing_class.decode(p) for p in prompt_ids)
+        limits.append((hint, trainer.vllm_generation.max_completion_length))
+        return stubbed(prompt_ids)
+
+    trainer._generate_ids = generate
+    trainer.train()
+    assert all(loss == loss for loss in history(trainer, "loss"))
+    assert max(history(trainer, "lanpo/feedback_share")) > 0
+    assert history(trainer, f"lanpo/feedback_lift/{source}")
+    assert trainer.vllm_generation.max_completion_length == 6
+    if source == "self-hint":
+        assert (True, 5) in limits and history(trainer, "hint/self_hint_written")
+    else:
+        assert not any(hint for hint, _ in limits)

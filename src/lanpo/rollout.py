@@ -19,7 +19,6 @@ through the callables of :class:`RolloutModel`.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from lanpo.data.loaders import problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource
 from lanpo.plan import HINT_TOP, PRIVILEGED_KINDS, GroupPlan, StepPlan
 from lanpo.pool.store import Attempt
@@ -74,16 +74,6 @@ class RolloutModel:
     feedback_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]] | None = None  # feedback rows'
     # own length limit (None: generated with the rest, at generate_ids' limit)
     score: Callable[[list[Row]], list[bool]] | None = None  # feedback_trigger unsolved: which rows are right
-
-
-def problem_of(row: dict) -> tuple[str, str]:
-    """``(problem_id, problem)`` of a dataset row: its own columns, else derived from the prompt."""
-    problem = row.get("problem")
-    if not problem:
-        prompt = row["prompt"]
-        problem = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
-    problem_id = row.get("problem_id") or "h-" + hashlib.sha1(problem.encode()).hexdigest()[:12]
-    return str(problem_id), str(problem)
 
 
 def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, ...] | None = None) -> list[Row]:

@@ -16,6 +16,7 @@ Rows without a problem or an answer are counted and skipped, never silently turn
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import re
@@ -553,6 +554,16 @@ def to_prompt_dataset(problems: list[Problem]):
             for p in problems
         ]
     )
+
+
+def problem_of(row: dict) -> tuple[str, str]:
+    """``(problem_id, problem)`` of a dataset row: its own columns, else derived from the prompt."""
+    problem = row.get("problem")
+    if not problem:
+        prompt = row["prompt"]
+        problem = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
+    problem_id = row.get("problem_id") or "h-" + hashlib.sha1(problem.encode()).hexdigest()[:12]
+    return str(problem_id), str(problem)
 
 
 def with_answer_column(dataset, answer_field: str | None = None):

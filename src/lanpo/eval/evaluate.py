@@ -297,10 +297,11 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
 # Privileged modes: the lift probe (training-only contexts, measured in context)
 
 
-def _privileged(mode: str, metrics: dict, problems, prompts, samples, scores, settings, extra=None, info=None):
+def _privileged(mode: str, metrics: dict, problems, prompts, samples, scores, settings, extra=None):
     """A privileged mode's result, marked as such wherever it is written."""
     records = _records(problems, prompts, samples, scores, settings.extraction, extra)
-    return ModeResult(mode, metrics, records, {"privileged": True, "hint_level": settings.hint_level, **(info or {})})
+    level = {} if mode == "gold" else {"hint_level": settings.hint_level}  # gold shows the answer: no level
+    return ModeResult(mode, metrics, records, {"privileged": True, **level})
 
 
 def _reference_prompt(problem: Problem, level: int):

@@ -16,12 +16,12 @@ and a ``self`` run never builds these sources.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from lanpo.data.loaders import problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
 from lanpo.feedback.labels import ANSWER_STATEMENT
 from lanpo.feedback.reflection import ReflectionSource
@@ -53,15 +53,9 @@ def take_references(dataset) -> tuple[Any, dict[str, Reference]]:
     has_solution = "solution" in dataset.column_names
     references = {}
     for row in dataset:
-        problem = row.get("problem")
-        if not problem:
-            prompt = row["prompt"]
-            problem = prompt[-1]["content"] if isinstance(prompt, list) else str(prompt)
-        pid = row.get("problem_id") or "h-" + hashlib.sha1(str(problem).encode()).hexdigest()[:12]
+        pid, _ = problem_of(row)
         solution = row.get("solution") if has_solution else None
-        references[str(pid)] = Reference(
-            str(row["answer"]), solution.strip() or None if isinstance(solution, str) else None
-        )
+        references[pid] = Reference(str(row["answer"]), solution.strip() or None if isinstance(solution, str) else None)
     return (dataset.remove_columns("solution") if has_solution else dataset), references
 
 
