@@ -330,11 +330,11 @@ def _launch_two_processes(model_dir, out, *extra) -> Path:
         *extra,
     ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    reports = [out / f"{extra[0]}-rank{r}.json" for r in (0, 1)] if extra else []
+    reports = [out / (f"{extra[0]}-rank{r}.json" if extra else f"rank{r}.json") for r in (0, 1)]
     teardown_abort = "terminate called without an active exception" in result.stderr
     # gloo sometimes aborts a process at exit, after the run is over: a launch whose processes all wrote their
     # report is judged on the report; any other failure fails the test
-    if result.returncode != 0 and not (teardown_abort and reports and all(p.is_file() for p in reports)):
+    if result.returncode != 0 and not (teardown_abort and all(p.is_file() for p in reports)):
         raise AssertionError(result.stderr[-4000:])
     return out
 
