@@ -242,21 +242,23 @@ def escalate_hints(rows: list[Row], g: int, model: RolloutModel, context: StepCo
         again = []
         with _timed(context.timer, "retrieve"):
             for kind, source in sources.items():
-                asked = [
-                    ([rows[i] for i in index], index, rows[index[0]].level + 1)
-                    for (s, k), index in failed.items()
-                    if k == kind
-                ]
-                requests = [
-                    FeedbackRequest(r[0].problem_id, r[0].problem, len(r), level=level, scale=context.plan.hint_scale)
-                    for r, _, level in asked
-                ]
-                if not requests and not source.collective:
+                groups = [index for (_, k), index in failed.items() if k == kind]
+                if not groups and not source.collective:
                     continue
-                for (wanted, index, _), built in zip(asked, source.contexts(requests, context.counts)):
-                    for row, i, feedback in zip(wanted, index, built):
+                requests = [
+                    FeedbackRequest(
+                        rows[index[0]].problem_id,
+                        rows[index[0]].problem,
+                        len(index),
+                        level=rows[index[0]].level + 1,
+                        scale=context.plan.hint_scale,
+                    )
+                    for index in groups
+                ]
+                for index, built in zip(groups, source.contexts(requests, context.counts)):
+                    for i, feedback in zip(index, built):
                         if feedback.messages is not None:
-                            row.context, row.level = feedback.messages, feedback.level
+                            rows[i].context, rows[i].level = feedback.messages, feedback.level
                             again.append(i)
             _tokenize_contexts(model, [rows[i] for i in again])
         context.counts["hint_escalated"] += len(again)

@@ -305,11 +305,9 @@ def _privileged(mode: str, metrics: dict, problems, prompts, samples, scores, se
 
 
 def _reference_prompt(problem: Problem, level: int):
-    from lanpo.feedback.privileged import level_share, solution_prefix
-    from lanpo.prompts import reference_messages
+    from lanpo.feedback.privileged import level_share, reference_prompt
 
-    prefix = solution_prefix(problem.solution or "", level_share(level))
-    return reference_messages(problem.problem, prefix) if prefix else None
+    return reference_prompt(problem.problem, problem.solution, level_share(level))
 
 
 def run_reference(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
@@ -353,8 +351,8 @@ def run_gold(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
 
 
 def run_self_hint(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
-    from lanpo.feedback.privileged import states_answer
-    from lanpo.prompts import hinted_messages, parse_hint, self_hint_messages, with_prefill
+    from lanpo.feedback.privileged import judge_hint
+    from lanpo.prompts import hinted_messages, self_hint_messages, with_prefill
 
     asks = [self_hint_messages(p.problem, p.solution, settings.hint_level) if p.solution else None for p in problems]
     asked = [i for i, a in enumerate(asks) if a is not None]
@@ -372,14 +370,11 @@ def run_self_hint(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
     hints = {i: with_prefill(asks[i], row[0].text) for i, row in zip(asked, written)}
     prompts, extra, counts = [], [], {"hints_used": 0, "unparsed": 0, "states_answer": 0, "no_solution": 0}
     for i, p in enumerate(problems):
-        hint = parse_hint(hints[i]) if i in hints else None
-        if i not in hints:
-            why, prompt = "no_solution", solve_messages(p.problem)
-        elif hint is None:
-            why, prompt = "unparsed", _reference_prompt(p, settings.hint_level) or solve_messages(p.problem)
-        elif states_answer(hint, p.answer):
-            why, prompt = "states_answer", solve_messages(p.problem)
-        else:
+        outcome, hint = judge_hint(hints[i], p.answer) if i in hints else ("no_solution", None)
+        why, prompt = outcome, solve_messages(p.problem)  # no solution, or a hint that stated the answer
+        if outcome == "unparsed":
+            prompt = _reference_prompt(p, settings.hint_level) or prompt
+        elif outcome == "used":
             why, prompt = "hints_used", hinted_messages(p.problem, hint)
         counts[why] += 1
         prompts.append(prompt)
@@ -465,9 +460,8 @@ def markdown_table(results: list[ModeResult], header: dict) -> str:
         m = r.metrics
         notes = []
         if r.info.get("privileged"):
-            notes.append(
-                f"PRIVILEGED probe (training-only context, level {r.info.get('hint_level')}): not a test score"
-            )
+            level = f", level {r.info['hint_level']}" if "hint_level" in r.info else ""  # gold has none
+            notes.append(f"PRIVILEGED probe (training-only context{level}): not a test score")
         if "context_rate" in m:
             notes.append(f"context on {m['context_rate']:.0%} of problems")
         if "hint_hints_used_rate" in m:

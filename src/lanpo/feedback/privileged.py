@@ -92,6 +92,22 @@ def solution_prefix(solution: str, share: float) -> str | None:
     return "\n".join(steps[:k]) if k >= 1 else None
 
 
+def reference_prompt(problem: str, solution: str | None, share: float) -> Messages | None:
+    """The ``reference`` context: the problem and the first ``share`` of its solution's steps; None where the
+    share holds no step (or there is no solution)."""
+    prefix = solution_prefix(solution, share) if solution else None
+    return reference_messages(problem, prefix) if prefix else None
+
+
+def judge_hint(text: str, answer: str) -> tuple[str, str | None]:
+    """What becomes of a hint the policy wrote: ``("used", hint)``, ``("unparsed", None)`` (the reference context
+    stands in) or ``("states_answer", None)`` (dropped: the plain prompt)."""
+    hint = parse_hint(text)
+    if hint is None:
+        return "unparsed", None
+    return ("states_answer", None) if states_answer(hint, answer) else ("used", hint)
+
+
 def states_answer(text: str, answer: str) -> bool:
     """Whether ``text`` states ``answer`` in any form (``7`` as ``seven``, ``14/2``, ``\\frac{14}{2}``...), or
     states an answer at all ("the answer is", ``\\boxed``): the pool's lesson scrub."""
@@ -156,10 +172,10 @@ def reference_context(kit: PrivilegedKit, request: FeedbackRequest, level: int) 
     reference = kit.references.get(request.problem_id)
     if reference is None or not reference.solution:
         return Feedback(None, "no_solution")
-    prefix = solution_prefix(reference.solution, level_share(level, request.scale))
-    if prefix is None:
+    messages = reference_prompt(request.problem, reference.solution, level_share(level, request.scale))
+    if messages is None:
         return Feedback(None, "annealed" if request.scale < 1.0 else "solution_too_short")
-    return Feedback(reference_messages(request.problem, prefix), level=level)
+    return Feedback(messages, level=level)
 
 
 class ReferenceSource(FeedbackSource):
@@ -200,9 +216,7 @@ class GoldSource(ReflectionSource):
         missing: dict[int, str] = {}
         for n, request in enumerate(requests):
             reference = self.kit.references.get(request.problem_id)
-            attempts = [a for a in (request.attempts or ()) if a.strip()]
-            if not attempts:
-                attempts = [a.text for a in self.pool.attempts(request.problem_id) if a.text.strip()]
+            attempts = self.own_attempts(request)
             if reference is None or not attempts:
                 missing[n] = "no_answer" if reference is None else "no_attempt"
                 continue
@@ -264,11 +278,11 @@ class SelfHintSource(FeedbackSource):
         if level == 0:
             return Feedback(None, "annealed")
         counts["self_hint_written"] += 1
-        hint = parse_hint(text or "")
-        if hint is None:
+        outcome, hint = judge_hint(text or "", reference.answer)
+        if outcome == "unparsed":
             counts["self_hint_unparsed"] += 1
             return reference_context(self.kit, request, level)
-        if states_answer(hint, reference.answer):
+        if outcome == "states_answer":
             counts["self_hint_states_answer"] += 1
             return Feedback(None, "hint_states_answer")
         return Feedback(hinted_messages(request.problem, hint), level=level)

@@ -47,12 +47,15 @@ class ReflectionSource(FeedbackSource):
             return True
         return self.mode != "step" and bool(self.pool.attempts(request.problem_id, limit=1))
 
+    def own_attempts(self, request: FeedbackRequest) -> list[str]:
+        """The group's own attempts handed over, else those stored for the problem (empty texts left out)."""
+        handed = [a for a in (request.attempts or ()) if a.strip()]
+        return handed or [a.text for a in self.pool.attempts(request.problem_id) if a.text.strip()]
+
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
         built = []
         for request in requests:
-            attempts = list(request.attempts or ())
-            if not attempts:
-                attempts = [a.text for a in self.pool.attempts(request.problem_id) if a.text.strip()]
+            attempts = self.own_attempts(request)
             rows = []
             for j in range(request.rows):
                 context = build_reflection_prompt(request.problem, [attempts[j % len(attempts)]] if attempts else [])
