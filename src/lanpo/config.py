@@ -235,6 +235,27 @@ class LanpoConfig(GRPOConfig):
         default=2.0,
         metadata={"help": "Seconds one answer may take to verify before it scores 0 (worker process is replaced)."},
     )
+    code_timeout: float = field(
+        default=5.0,
+        metadata={
+            "help": "Code problems: wall-clock seconds one sandboxed execution of a completion's code and its tests "
+            "may take (CPU time is limited to the same); past it the sandbox is killed and the row scores 0."
+        },
+    )
+    code_workers: int = field(
+        default=2, metadata={"help": "Code problems: sandboxed executions run at once (one per core is a good start)."}
+    )
+    code_partial_credit: bool = field(
+        default=False,
+        metadata={"help": "Code problems: reward the share of test cases passed instead of 1 only when all pass."},
+    )
+    allow_unsandboxed_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run model-written code WITHOUT bubblewrap when it is missing: resource limits only, NO security "
+            "boundary (the code can read and write your files and reach the network). Off: lanpo refuses."
+        },
+    )
 
     # -- run outputs -----------------------------------------------------------------------------------------
     log_samples: int = field(
@@ -392,6 +413,10 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")
         if self.verify_time_limit <= 0:
             raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
+        if self.code_timeout <= 0:
+            raise ValueError(f"code_timeout must be > 0 seconds, got {self.code_timeout}.")
+        if self.code_workers < 1:
+            raise ValueError(f"code_workers must be at least 1, got {self.code_workers}.")
         for name in ("learning_rate", "temperature", "num_train_epochs"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")

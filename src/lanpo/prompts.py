@@ -15,6 +15,40 @@ Messages = list[dict[str, str]]
 
 SOLVE_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 
+# Code problems (lanpo.data.code_tasks) are stated with CODE_HEADER first; every prompt about one asks for code,
+# reviews code and keeps code out of lessons. The problem's own text says which domain it is in, so every prompt
+# builder, in training, evaluation and SFT alike, picks the right words from the problem alone.
+CODE_HEADER = "Write the Python function below."
+CODE_INSTRUCTION = "Write the complete function, with its signature, in one ```python code block."
+
+
+@dataclass(frozen=True)
+class Domain:
+    instruction: str  # how to present the solution
+    review: str  # what a reflection checks
+    summary_rule: str  # what a summary must leave out
+
+
+MATH = Domain(
+    SOLVE_INSTRUCTION,
+    "check every calculation and every piece of reasoning",
+    "Do not repeat the final answer or the specific numbers.",
+)
+CODE = Domain(
+    CODE_INSTRUCTION,
+    "check every line of code, and the inputs it must handle (empty, zero, negative)",
+    "Do not write any code or name the function; describe ideas in words.",
+)
+
+
+def is_code_problem(problem: str) -> bool:
+    return isinstance(problem, str) and problem.lstrip().startswith(CODE_HEADER)
+
+
+def domain_of(problem: str) -> Domain:
+    return CODE if is_code_problem(problem) else MATH
+
+
 # Characters of an attempt shown in a reflection prompt or a summary prompt (a few hundred tokens).
 MAX_ATTEMPT_CHARS = 2000
 
@@ -25,7 +59,7 @@ def user(content: str) -> Messages:
 
 def solve_messages(problem: str) -> Messages:
     """The plain (zero-shot / scratch) prompt."""
-    return user(f"{problem.strip()}\n{SOLVE_INSTRUCTION}")
+    return user(f"{problem.strip()}\n{domain_of(problem).instruction}")
 
 
 def clip(text: str, limit: int = MAX_ATTEMPT_CHARS) -> str:
@@ -43,8 +77,7 @@ Below {attempt_phrase} at this problem, shown without any grading. {quality}
 
 {attempts}
 
-First, review {review_object} step by step: check every calculation and every piece of reasoning, and point \
-out any step that looks doubtful. Then solve the problem again from the start, writing a complete solution. \
+First, review {review_object} step by step: {review}, and point out any step that looks doubtful. Then solve the problem again from the start, writing a complete solution. \
 {instruction}"""
 
 
@@ -60,7 +93,8 @@ def reflection_text(problem: str, attempts: list[str]) -> str:
         quality="Their quality is unknown." if many else "Its quality is unknown.",
         attempts="\n\n".join(blocks),
         review_object="each attempt" if many else "the attempt",
-        instruction=SOLVE_INSTRUCTION,
+        review=domain_of(problem).review,
+        instruction=domain_of(problem).instruction,
     )
 
 
@@ -91,7 +125,7 @@ def abstraction_text(problem: str, lessons: list[tuple[list[str], list[str]]]) -
             lines += [f"- {p}" for p in pitfalls]
         blocks.append("\n".join(lines))
     return ABSTRACTION_TEMPLATE.format(
-        problem=problem.strip(), lessons="\n\n".join(blocks), instruction=SOLVE_INSTRUCTION
+        problem=problem.strip(), lessons="\n\n".join(blocks), instruction=domain_of(problem).instruction
     )
 
 
@@ -106,8 +140,7 @@ A solution attempt:
 
 This attempt was {verdict}.
 
-Distill what this attempt teaches into lessons that would help on other, similar problems. Do not repeat \
-the final answer or the specific numbers. Write exactly three sections: FLOW OF THOUGHT (the high-level plan \
+Distill what this attempt teaches into lessons that would help on other, similar problems. {rule} Write exactly three sections: FLOW OF THOUGHT (the high-level plan \
 of a good solution, in one or two sentences), PRINCIPLES (general rules or methods that lead to a right \
 solution, one per line starting with "- ") and PITFALLS (mistakes to avoid, one per line starting with "- ")."""
 
@@ -121,7 +154,11 @@ def summary_messages(problem: str, solution: str, correct: bool) -> Messages:
     # The verdict is safe here: a summary is only ever shown to *other* problems.
     verdict = "judged correct" if correct else "judged incorrect"
     return [
-        *user(SUMMARY_TEMPLATE.format(problem=problem.strip(), solution=clip(solution), verdict=verdict)),
+        *user(
+            SUMMARY_TEMPLATE.format(
+                problem=problem.strip(), solution=clip(solution), verdict=verdict, rule=domain_of(problem).summary_rule
+            )
+        ),
         {"role": "assistant", "content": SUMMARY_PREFILL},
     ]
 
@@ -306,7 +343,9 @@ The following text is the beginning part of the answer, which you can refer to f
 def reference_messages(problem: str, prefix: str) -> Messages:
     """A solution prefix after the problem (GHPO, UFT, QuestA)."""
     return user(
-        REFERENCE_TEMPLATE.format(problem=problem.strip(), prefix=prefix.strip(), instruction=SOLVE_INSTRUCTION)
+        REFERENCE_TEMPLATE.format(
+            problem=problem.strip(), prefix=prefix.strip(), instruction=domain_of(problem).instruction
+        )
     )
 
 
@@ -319,21 +358,22 @@ Below is an earlier solution to this problem.
 ### Earlier solution
 {attempt}
 
-Critique: The generated solution is {verdict}, the ground truth is {answer}.
+Critique: The generated solution is {verdict}, {truth}.
 
 Solve the problem again from the start, writing a complete solution. {instruction}"""
 
 
-def gold_messages(problem: str, attempt: str, answer: str, correct: bool) -> Messages:
-    """The model's attempt, the critique "the generated solution is (in)correct, the ground truth is X", and a
-    request to solve again (Critique-GRPO's ``simple_gt``)."""
+def gold_messages(problem: str, attempt: str, truth: str, correct: bool) -> Messages:
+    """The model's attempt, the critique "the generated solution is (in)correct, {truth}" (``truth``: "the ground
+    truth is X", :func:`lanpo.feedback.privileged.ground_truth`), and a request to solve again (Critique-GRPO's
+    ``simple_gt``)."""
     return user(
         GOLD_TEMPLATE.format(
             problem=problem.strip(),
             attempt=clip(attempt),
             verdict="correct" if correct else "incorrect",
-            answer=answer.strip(),
-            instruction=SOLVE_INSTRUCTION,
+            truth=truth.strip(),
+            instruction=domain_of(problem).instruction,
         )
     )
 
@@ -393,4 +433,6 @@ HINTED_TEMPLATE = """{problem}
 
 def hinted_messages(problem: str, hint: str) -> Messages:
     """The problem with a hint after it (QuestA's ``## Hint.``)."""
-    return user(HINTED_TEMPLATE.format(problem=problem.strip(), hint=hint.strip(), instruction=SOLVE_INSTRUCTION))
+    return user(
+        HINTED_TEMPLATE.format(problem=problem.strip(), hint=hint.strip(), instruction=domain_of(problem).instruction)
+    )

@@ -34,8 +34,8 @@ def add_parser(sub, name: str, help: str) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument(
         "--data",
-        help="data spec: builtin:arith?split=test, a preset, a .jsonl/.json/.parquet file, or "
-        "a hub name (default: builtin:arith?split=test)",
+        help="data spec: builtin:arith?split=test, builtin:code?split=test, humaneval, a preset, a "
+        ".jsonl/.json/.parquet file (rows with tests are code), or a hub name (default: builtin:arith?split=test)",
     )
     src.add_argument("--benchmarks", help="comma-separated benchmark names: " + ", ".join(_benchmarks()))
     data_field_args(p)
@@ -69,6 +69,19 @@ def add_parser(sub, name: str, help: str) -> None:
     p.add_argument("--max-new-tokens", type=at_least(1), default=512)
     p.add_argument("--batch-size", type=at_least(1), default=32, help="rows per generate call (default 32)")
     extraction_arg(p)
+    p.add_argument(
+        "--code-timeout",
+        type=at_least(0.1, float),
+        default=5.0,
+        help="code problems: wall-clock seconds one sandboxed run of a completion against its tests may take",
+    )
+    p.add_argument("--code-workers", type=at_least(1), default=2, help="code problems: sandboxes run at once")
+    p.add_argument(
+        "--allow-unsandboxed-code",
+        action="store_true",
+        help="run model-written code WITHOUT bubblewrap when it is missing: NO security boundary (it can read and "
+        "write your files and reach the network)",
+    )
     p.add_argument("--scorer", default=None, help="retrieval mode: relevance scorer (default: the pool run's)")
     p.add_argument("--gamma", type=unit_interval, default=None, help="retrieval mode: relevance threshold γ")
     p.add_argument("--top-k", type=at_least(1), default=None, help="retrieval mode: entries per prompt")
@@ -88,7 +101,7 @@ def add_parser(sub, name: str, help: str) -> None:
 def _benchmarks() -> list[str]:
     from lanpo.data.presets import BENCHMARKS
 
-    return list(BENCHMARKS) + ["builtin:arith"]
+    return list(BENCHMARKS) + ["builtin:arith", "builtin:code", "humaneval"]
 
 
 def command(args) -> int:
@@ -99,6 +112,7 @@ def command(args) -> int:
     from lanpo.plan import HINT_TOP
     from lanpo.pool.store import ExperiencePool
     from lanpo.run.files import check_writable
+    from lanpo.verify.code import CodeSettings
 
     modes = args.modes
     probe = [m for m in modes if m in PRIVILEGED_MODES]
@@ -122,6 +136,7 @@ def command(args) -> int:
         rounds=args.rounds,
         seed=args.seed,
         hint_level=args.hint_level,
+        code=CodeSettings(args.code_timeout, args.code_workers, allow_unsandboxed=args.allow_unsandboxed_code),
     )
     out_root = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out_root, "--out")  # before the model loads and the evaluation runs

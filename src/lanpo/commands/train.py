@@ -95,6 +95,8 @@ CHANGEABLE_ON_RESUME = {
     "hub_strategy",
     "hub_private_repo",
     "verify_time_limit",
+    "code_timeout",
+    "code_workers",
     "eval_benchmarks",
     "eval_modes",
     "eval_every",
@@ -171,6 +173,12 @@ HELP_GROUPS = {
         "old_logps_from_loss",
         "answer_extraction",
         "verify_time_limit",
+    ],
+    "Code problems (sandboxed unit-test rewards)": [
+        "code_timeout",
+        "code_workers",
+        "code_partial_credit",
+        "allow_unsandboxed_code",
     ],
     "LANPO: privileged feedback (training only)": [
         "feedback_source",

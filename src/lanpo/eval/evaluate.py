@@ -40,7 +40,9 @@ from lanpo.pool.retrieval import LLMJudgeScorer, Retriever, make_scorer
 from lanpo.pool.store import ExperiencePool, resolve_pool_path
 from lanpo.prompts import SOLVE_INSTRUCTION, solve_messages
 from lanpo.verify.answers import extract_answer
+from lanpo.verify.code import CodeSettings, Verifier
 from lanpo.verify.rewards import MathVerifier
+from lanpo.verify.sandbox import is_code_gold
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +64,7 @@ class EvalSettings:
     seed: int = 0
     hint_level: int = 1  # reference, self-hint: the hint level shown (1..3)
     hint_max_new_tokens: int = 128  # self-hint: most tokens of a hint
+    code: CodeSettings = field(default_factory=CodeSettings)  # code problems: the sandbox's settings
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,13 +324,14 @@ def run_reference(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
 
 
 def run_gold(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    from lanpo.feedback.privileged import ground_truth
     from lanpo.prompts import gold_messages
 
     k = settings.k
     first = _sample(model, tokenizer, [solve_messages(p.problem) for p in problems], settings, "gold r0")
     first_scores = _score(verifier, problems, first)
     prompts = [
-        gold_messages(p.problem, s.text, p.answer, sc > 0.5)
+        gold_messages(p.problem, s.text, ground_truth(p.answer), sc > 0.5)
         for p, row, row_scores in zip(problems, first, first_scores)
         for s, sc in zip(row, row_scores)
     ]
@@ -412,7 +416,9 @@ def evaluate(
         "self-hint": run_self_hint,
     }
     results = []
-    with MathVerifier(settings.verify_time_limit, settings.extraction) as verifier:
+    with Verifier(MathVerifier(settings.verify_time_limit, settings.extraction), settings.code) as verifier:
+        if any(is_code_gold(p.answer) for p in problems):
+            verifier.start_code()  # the sandbox starts before any generation, or the evaluation stops here saying why
         for mode in modes:
             torch.manual_seed(settings.seed)
             start = time.perf_counter()

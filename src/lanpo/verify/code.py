@@ -1,0 +1,165 @@
+"""Code answers: extract the program a completion wrote, run it against the problem's tests in the sandbox.
+
+Extraction mirrors math's two modes:
+
+* ``strict`` — the last fenced block marked ``python`` (or ``py``, or unmarked);
+* ``lenient`` — the last fenced block of any kind, an unclosed last fence (a completion cut at the token limit),
+  else the code as written: from the first line that starts a definition or import to the end.
+
+:class:`CodeVerifier` has the batch API of :class:`lanpo.verify.rewards.MathVerifier` (``score_texts``, ``stats``,
+``close``); :class:`Verifier` sends each gold to the checker of its kind, so training, evaluation and the SFT
+builder use one object for math and code alike.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from lanpo.verify.answers import extraction_mode
+from lanpo.verify.sandbox import CodeTests, Limits, Sandbox, is_code_gold
+
+FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*)\Z", re.DOTALL)
+CODE_START = re.compile(r"^(?:def|class|import|from|async\s+def)\s", re.MULTILINE)
+PYTHON_TAGS = {"python", "py", "python3", ""}
+MAX_CODE_CHARS = 20_000
+
+
+def extract_code(text: str, mode: str = "strict") -> str | None:
+    """The program in a completion, or None (see the module docstring for the two modes)."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    blocks = FENCE.findall(text)
+    python = [body for tag, body in blocks if tag.lower() in PYTHON_TAGS]
+    if python:
+        return _clean(python[-1])
+    if mode == "strict":
+        return None
+    if blocks:
+        return _clean(blocks[-1][1])
+    tail = text[text.rfind("```") :] if "```" in text else None
+    if tail is not None and (unclosed := OPEN_FENCE.match(tail)):
+        return _clean(unclosed.group(2))
+    start = CODE_START.search(text)
+    return _clean(text[start.start() :]) if start else None
+
+
+def _clean(code: str) -> str | None:
+    code = code.strip("\n")
+    if not code.strip() or len(code) > MAX_CODE_CHARS:
+        return None
+    return code + "\n"
+
+
+@dataclass(frozen=True)
+class CodeSettings:
+    """How code rewards run: per-execution limits, parallel sandboxes, partial credit, and the explicit opt-out of
+    the sandbox (no security boundary)."""
+
+    timeout: float = 5.0
+    workers: int = 2
+    partial_credit: bool = False
+    allow_unsandboxed: bool = False
+
+
+class CodeVerifier:
+    """Scores completions against :class:`CodeTests` golds: 1.0 when every test passes (with ``partial_credit``,
+    the share of cases passed), 0.0 on any failure, timeout, crash or missing code. Never raises for what the
+    code does; a gold that is not a test suite scores 0 and is counted."""
+
+    def __init__(self, settings: CodeSettings | None = None, extraction: str = "strict") -> None:
+        self.settings = settings or CodeSettings()
+        self.extraction = extraction_mode(extraction)
+        limits = Limits(timeout=self.settings.timeout, cpu_seconds=max(1, int(self.settings.timeout)))
+        self.sandbox = Sandbox(limits, self.settings.workers, self.settings.allow_unsandboxed)
+        self.bad_golds = 0
+
+    @property
+    def stats(self) -> Counter:
+        return Counter(self.sandbox.stats) + Counter(bad_tests=self.bad_golds)
+
+    def score_texts(
+        self, golds: Sequence[str], texts: Sequence[str], problems: Sequence[str | None] | None = None
+    ) -> list[float]:
+        if len(golds) != len(texts):
+            raise ValueError(f"{len(golds)} gold answers but {len(texts)} completions.")
+        jobs, where = [], []
+        for index, (gold, text) in enumerate(zip(golds, texts)):
+            try:
+                tests = CodeTests.from_gold(gold)
+            except (ValueError, KeyError, TypeError):
+                self.bad_golds += 1
+                continue
+            jobs.append((extract_code(text, self.extraction), tests))
+            where.append(index)
+        scores = [0.0] * len(golds)
+        for index, run in zip(where, self.sandbox.run_many(jobs)):
+            scores[index] = run.share if self.settings.partial_credit else float(run.outcome == "passed")
+        return scores
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+
+class Verifier:
+    """One checker for every gold: a test suite (:func:`is_code_gold`) runs in the sandbox, anything else is a math
+    answer. The code sandbox starts on the first code gold, so math runs never need bubblewrap."""
+
+    def __init__(self, math, code: CodeSettings | None = None) -> None:
+        self.math = math
+        self.code_settings = code or CodeSettings()
+        self._code: CodeVerifier | None = None
+        self.extraction = math.extraction
+        self.time_limit = math.time_limit
+
+    @property
+    def code(self) -> CodeVerifier:
+        if self._code is None:
+            self._code = CodeVerifier(self.code_settings, self.extraction)
+        return self._code
+
+    def start_code(self) -> CodeVerifier:
+        """Start the sandbox now (it raises :class:`SandboxUnavailable`, saying how to install bubblewrap, here
+        rather than at the first reward)."""
+        return self.code
+
+    @property
+    def stats(self) -> Counter:
+        stats = Counter(self.math.stats)
+        if self._code is not None:
+            stats.update({f"code/{k}": v for k, v in self._code.stats.items()})
+        return stats
+
+    def score_texts(
+        self, golds: Sequence[str], texts: Sequence[str], problems: Sequence[str | None] | None = None
+    ) -> list[float]:
+        golds, texts = list(golds), list(texts)
+        problems = list(problems) if problems is not None else [None] * len(texts)
+        code = [i for i, gold in enumerate(golds) if is_code_gold(gold)]
+        if not code:
+            return self.math.score_texts(golds, texts, problems)
+        scores = [0.0] * len(golds)
+        for i, value in zip(code, self.code.score_texts([golds[i] for i in code], [texts[i] for i in code])):
+            scores[i] = value
+        rest = sorted(set(range(len(golds))) - set(code))
+        if rest:
+            math = self.math.score_texts(
+                [golds[i] for i in rest], [texts[i] for i in rest], [problems[i] for i in rest]
+            )
+            for i, value in zip(rest, math):
+                scores[i] = value
+        return scores
+
+    def close(self) -> None:
+        self.math.close()
+        if self._code is not None:
+            self._code.close()
+
+    def __enter__(self) -> Verifier:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

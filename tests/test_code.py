@@ -1,0 +1,463 @@
+"""The code domain: problems with tests, the sandboxed reward, its security and reward-hack battery, code prompts."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lanpo.data.code_tasks import FAMILIES, code_tasks
+from lanpo.data.loaders import DataError, builtin_code, load_problems
+from lanpo.feedback.labels import clean_lessons
+from lanpo.feedback.privileged import ground_truth, states_answer
+from lanpo.prompts import (
+    CODE_INSTRUCTION,
+    SOLVE_INSTRUCTION,
+    abstraction_text,
+    reflection_text,
+    solve_messages,
+    summary_messages,
+)
+from lanpo.verify.code import CodeSettings, CodeVerifier, Verifier, extract_code
+from lanpo.verify.rewards import MathVerifier
+from lanpo.verify.sandbox import CodeTests, Limits, Sandbox, SandboxUnavailable, is_code_gold
+
+needs_bwrap = pytest.mark.skipif(
+    subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
+    reason="bubblewrap is not installed (make test installs it where apt-get can): the sandbox is not tested",
+)
+
+ADD = CodeTests("add", cases=[[[1, 2], 3], [[2, 2], 4], [[0, 0], 0]])
+ADD_CHECK = CodeTests(
+    "add", check="def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n"
+)
+ADD_ASSERTS = CodeTests("add", check="assert add(1, 2) == 3\nassert add(5, 5) == 10\n")
+RIGHT = "def add(a, b):\n    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    if subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0:
+        pytest.skip("bubblewrap is not installed")
+    box = Sandbox(Limits(timeout=3.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500), workers=2)
+    yield box
+    box.close()
+
+
+def fence(code: str) -> str:
+    return f"Here is the function.\n```python\n{code}```\nDone."
+
+
+# -- problems -------------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_builtin_code_splits_by_task_so_no_restatement_crosses(seed):
+    train = code_tasks([1, 2, 3, 4, 5], 1000, seed, "train")
+    test = code_tasks([1, 2, 3, 4, 5], 1000, seed, "test")
+    assert train and test
+    assert not {t.task for t in train} & {t.task for t in test}
+    assert len({t.id for t in train}) == len(train)
+    assert {t.level for t in test} == {1, 2, 3, 4, 5}
+    names = {t.tests.entry_point for t in train if t.task == train[0].task}
+    assert all(f"def {name}(" in t.text for t in train for name in [t.tests.entry_point])
+    assert names  # the restatements of one task differ only in their name
+
+
+def test_builtin_code_problems_are_reproducible_and_carry_tests_and_a_solution():
+    first = builtin_code("1,2", n=20, seed=3, split="train")
+    assert first == builtin_code("1,2", n=20, seed=3, split="train")
+    problem = first[0]
+    assert problem.problem.startswith("Write the Python function below.") and "```python\ndef " in problem.problem
+    tests = CodeTests.from_gold(problem.answer)
+    assert is_code_gold(problem.answer) and len(tests.cases) >= 5
+    assert f"def {tests.entry_point}(" in problem.solution and "return" in problem.solution
+    assert "return" not in problem.problem  # the statement holds the signature and docstring, never the body
+    with pytest.raises(DataError, match="levels 1-5"):
+        builtin_code("6")
+    with pytest.raises(DataError, match="no option"):
+        load_problems("builtin:code?level=1")
+
+
+@needs_bwrap
+def test_every_reference_solution_passes_its_own_tests_and_a_wrong_one_fails():
+    problems = load_problems("builtin:code?levels=1,2,3,4,5&n=400") + load_problems(
+        "builtin:code?split=test&n=400&levels=1,2,3,4,5"
+    )
+    with CodeVerifierCtx() as verifier:
+        right = verifier.score_texts([p.answer for p in problems], [fence(p.solution) for p in problems])
+        wrong = [p.solution.rsplit("\n    ", 1)[0] + "\n    return None\n" for p in problems]
+        wrong_scores = verifier.score_texts([p.answer for p in problems], [fence(w) for w in wrong])
+    assert right == [1.0] * len(problems)
+    assert sum(wrong_scores) < 0.05 * len(problems)
+
+
+@needs_bwrap
+def test_humaneval_loads_from_the_wheel_and_its_canonical_solutions_pass():
+    problems = load_problems("humaneval")
+    assert len(problems) == 164
+    assert all(p.solution and is_code_gold(p.answer) for p in problems)
+    assert "check(candidate)" not in problems[0].problem and "def has_close_elements" in problems[0].problem
+    with CodeVerifierCtx() as verifier:
+        scores = verifier.score_texts([p.answer for p in problems], [fence(p.solution) for p in problems])
+        stubs = verifier.score_texts(
+            [p.answer for p in problems[:20]],
+            [fence(p.problem.split("```python\n")[1] + "    return None\n") for p in problems[:20]],
+        )
+    assert scores == [1.0] * 164
+    assert sum(stubs) == 0
+
+
+def test_local_code_files_load_and_bad_rows_are_counted(tmp_path):
+    rows = [
+        {
+            "prompt": 'def double(x):\n    """Twice x."""\n',
+            "tests": "assert double(2) == 4",
+            "solution": "    return 2 * x\n",
+        },
+        {"prompt": "def f(x):\n", "test": "def check(candidate):\n    assert candidate(1) == 1\n", "entry_point": "f"},
+        {"prompt": "", "tests": "assert True"},
+        {"prompt": "def g(x):\n"},
+        "not an object",
+    ]
+    path = tmp_path / "code.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    problems = load_problems(str(path))
+    assert [CodeTests.from_gold(p.answer).entry_point for p in problems] == ["double", "f"]
+    assert problems[0].solution.startswith("def double(x):") and "return 2 * x" in problems[0].solution
+    assert problems[1].solution is None
+
+
+# -- extraction -------------------------------------------------------------------------------------------------
+
+
+def test_extraction_strict_and_lenient():
+    assert extract_code("```python\ndef f():\n    return 1\n```") == "def f():\n    return 1\n"
+    two = "```python\nx = 1\n```\ntext\n```py\ndef f():\n    return 2\n```"
+    assert extract_code(two) == "def f():\n    return 2\n"
+    assert extract_code("def f():\n    return 1") is None  # no fence: strict finds nothing
+    assert extract_code("Sure:\ndef f():\n    return 1", "lenient") == "def f():\n    return 1\n"
+    assert extract_code("```python\ndef f():\n    return 1", "lenient") == "def f():\n    return 1\n"  # cut off
+    assert extract_code("```javascript\nfunction f() {}\n```") is None
+    assert extract_code("no code here", "lenient") is None
+    assert extract_code("") is None and extract_code(None) is None
+
+
+@settings(max_examples=50, deadline=None)
+@given(body=st.text(st.characters(blacklist_characters="`\r", blacklist_categories=("Cs",)), min_size=1))
+def test_the_fenced_block_is_extracted_exactly(body):
+    code = "def f():\n    return " + body.replace("\n", " ") + "\n"
+    assert extract_code(f"prose\n```python\n{code}```\nmore prose") == code
+
+
+# -- the sandbox: outcomes, security and reward hacks ----------------------------------------------------------
+
+
+def run(sandbox, code, tests=ADD):
+    return sandbox.run(code, tests)
+
+
+@needs_bwrap
+@pytest.mark.parametrize("tests", [ADD, ADD_CHECK, ADD_ASSERTS], ids=["cases", "check", "asserts"])
+def test_a_right_function_passes_and_a_wrong_one_fails(sandbox, tests):
+    assert run(sandbox, RIGHT, tests).outcome == "passed"
+    assert run(sandbox, "def add(a, b):\n    return a - b\n", tests).outcome == "failed"
+    assert run(sandbox, "def plus(a, b):\n    return a + b\n", tests).outcome == "error"  # not the named function
+    assert run(sandbox, "def add(a, b) return a + b\n", tests).outcome == "error"  # does not compile
+    assert run(sandbox, None, tests).outcome == "no_code"
+
+
+def test_partial_credit_is_the_share_of_cases(sandbox):
+    half = "def add(a, b):\n    return 3 if a == 1 else a * b\n"  # right on (1, 2) and (2, 2), wrong on nothing else
+    result = run(sandbox, half)
+    assert (result.passed, result.total) == (3, 3)
+    result = run(sandbox, "def add(a, b):\n    return a + b if a else 7\n")
+    assert (result.passed, result.total, result.outcome) == (2, 3, "failed")
+
+
+HACKS = {
+    "exits 0 before the tests": "import os\nos._exit(0)\n" + RIGHT,
+    "sys.exit at import": "import sys\n" + RIGHT + "sys.exit(0)\n",
+    "SystemExit inside the function": "def add(a, b):\n    raise SystemExit(0)\n",
+    "KeyboardInterrupt inside": "def add(a, b):\n    raise KeyboardInterrupt\n",
+    "prints what a harness looks for": "print('All tests passed')\nprint('PASSED')\ndef add(a, b):\n    return -1\n",
+    "equal to anything": "class Any:\n    def __eq__(self, other):\n        return True\n    __hash__ = None\n"
+    "def add(a, b):\n    return Any()\n",
+    "an int subclass equal to anything": "class Any(int):\n    def __eq__(self, other):\n        return True\n"
+    "def add(a, b):\n    return Any(0)\n",
+    "writes a report on every descriptor": "import os, json\nfor fd in range(3, 64):\n    try:\n"
+    "        os.write(fd, b'x {\"passed\": true}\\n')\n    except OSError:\n        pass\n"
+    "def add(a, b):\n    return -1\n",
+    "patches the assert away": "import builtins\nbuiltins.AssertionError = Exception\ndef add(a, b):\n    return -1\n",
+    "exits from an atexit hook": "import atexit, os\natexit.register(lambda: os._exit(0))\ndef add(a, b):\n"
+    "    return -1\n",
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("tests", [ADD, ADD_CHECK, ADD_ASSERTS], ids=["cases", "check", "asserts"])
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_reward_hacks_score_zero(sandbox, hack, tests):
+    result = run(sandbox, HACKS[hack], tests)
+    assert result.outcome != "passed" and result.share == 0.0, result
+
+
+def sandbox_processes_left(wait: float = 5.0) -> list[str]:
+    """Live processes of the sandbox uids (zombies excluded: they run nothing, and the host's init reaps them), after
+    waiting up to ``wait`` seconds for the kernel to finish the kill."""
+    deadline = time.monotonic() + wait
+    while True:
+        out = subprocess.run(["ps", "-e", "-o", "uid=,stat=,pid=,cmd="], capture_output=True, text=True).stdout
+        rows = [line.split(None, 3) for line in out.splitlines() if line.split()]
+        live = [" ".join(r) for r in rows if int(r[0]) >= 200_000 and not r[1].startswith("Z")]
+        if not live or time.monotonic() > deadline:
+            return live
+        time.sleep(0.1)
+
+
+@needs_bwrap
+def test_network_is_unreachable_from_the_sandbox(sandbox):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(5)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted = []
+
+    def accept():
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            try:
+                accepted.append(listener.accept())
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    code = f"import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=1)\ns.sendall(b'hi')\n" + RIGHT
+    result = run(sandbox, code)
+    thread.join()
+    listener.close()
+    assert result.outcome == "error" and not accepted
+    assert sandbox.run("import socket\nsocket.getaddrinfo('pypi.org', 443)\n" + RIGHT, ADD).outcome == "error"
+
+
+@needs_bwrap
+def test_writes_outside_the_private_tmp_fail_and_nothing_lands_on_the_host(sandbox, tmp_path):
+    target = tmp_path / "escaped.txt"
+    for path in (target, Path("/usr/lanpo-escaped"), Path.home() / "lanpo-escaped"):
+        code = f"open({str(path)!r}, 'w').write('x')\n" + RIGHT
+        assert run(sandbox, code).outcome == "error"
+        assert not path.exists()
+    inside = run(sandbox, "open('/tmp/scratch.txt', 'w').write('ok')\n" + RIGHT)
+    assert inside.outcome == "passed"  # its own /tmp is writable, and private
+    assert not Path("/tmp/scratch.txt").exists()
+
+
+@needs_bwrap
+def test_the_trainers_environment_and_files_are_not_visible(sandbox, monkeypatch):
+    monkeypatch.setenv("LANPO_SECRET_TOKEN", "hunter2")
+    code = (
+        "import os\nleak = os.environ.get('LANPO_SECRET_TOKEN', '')\n"
+        "for pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
+        "        try:\n            leak += open(f'/proc/{pid}/environ').read()\n        except OSError:\n"
+        "            pass\nprint(leak)\n"
+        "def add(a, b):\n    return a + b + (1000 if 'hunter2' in leak or os.path.exists('/root') or "
+        "os.path.exists('/home') or os.path.exists('/etc/passwd') else 0)\n"
+    )
+    result = run(sandbox, code)
+    assert result.outcome == "passed" and "hunter2" not in result.output
+
+
+@needs_bwrap
+@pytest.mark.parametrize(
+    "kind, code",
+    [
+        ("fork bomb", "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n"),
+        (
+            "forks that sleep",
+            "import os, time\nfor _ in range(500):\n    try:\n        if os.fork() == 0:\n"
+            "            time.sleep(60)\n    except OSError:\n        pass\n" + RIGHT,
+        ),
+        ("memory", "blocks = []\nwhile True:\n    blocks.append(bytearray(50_000_000))\n"),
+        ("endless loop", "while True:\n    pass\n"),
+        ("endless sleep", "import time\ntime.sleep(600)\n"),
+        ("output flood", "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n"),
+        ("file flood", "with open('/tmp/big', 'wb') as f:\n    while True:\n        f.write(b'x' * 1_000_000)\n"),
+        (
+            "signals its parent",
+            "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n" + RIGHT,
+        ),
+        (
+            "a daemon left behind",
+            "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(600)\ndef add(a, b):\n    return -1\n",
+        ),
+    ],
+)
+def test_resource_attacks_end_with_zero_and_leave_nothing_running(sandbox, kind, code):
+    before = dict(sandbox.stats)
+    started = time.monotonic()
+    result = run(sandbox, code)
+    elapsed = time.monotonic() - started
+    assert result.share == 0.0 and result.outcome != "passed"
+    assert elapsed < sandbox.limits.timeout + 6
+    assert len(result.output) <= sandbox.limits.output_chars
+    assert sandbox.stats[result.outcome] == before.get(result.outcome, 0) + 1
+    assert sandbox_processes_left() == []
+    assert run(sandbox, RIGHT).outcome == "passed"  # and the next run is unharmed
+
+
+@needs_bwrap
+def test_many_runs_at_once_keep_their_results_apart(sandbox):
+    jobs = [(f"def add(a, b):\n    return a + b + {i % 2}\n", ADD) for i in range(16)]
+    results = sandbox.run_many(jobs)
+    assert [r.outcome for r in results] == ["passed", "failed"] * 8
+
+
+def test_without_bubblewrap_lanpo_refuses_unless_the_risk_is_named(monkeypatch):
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        Sandbox()
+    unsafe = Sandbox(Limits(timeout=5), allow_unsandboxed=True)
+    assert not unsafe.isolated
+    assert unsafe.run(RIGHT, ADD).outcome == "passed"
+    assert unsafe.run("def add(a, b):\n    return a * b\n", ADD).outcome == "failed"
+    assert unsafe.run("while True:\n    pass\n", ADD).outcome in ("timeout", "crashed")
+    # math needs no sandbox: a verifier on a machine without bubblewrap still scores math
+    with Verifier(MathVerifier()) as verifier:
+        assert verifier.score_texts(["4"], ["\\boxed{4}"]) == [1.0]
+        with pytest.raises(SandboxUnavailable):
+            verifier.score_texts([ADD.to_gold()], [fence(RIGHT)])
+
+
+class CodeVerifierCtx:
+    def __init__(self, **kwargs):
+        self.verifier = CodeVerifier(CodeSettings(**kwargs))
+
+    def __enter__(self):
+        return self.verifier
+
+    def __exit__(self, *exc):
+        self.verifier.close()
+
+
+@needs_bwrap
+def test_the_verifier_routes_each_gold_and_counts_outcomes():
+    with Verifier(MathVerifier(), CodeSettings(workers=2)) as verifier:
+        golds = ["4", ADD.to_gold(), ADD_CHECK.to_gold(), "7", ADD.to_gold()]
+        texts = ["\\boxed{4}", fence(RIGHT), fence("def add(a, b):\n    return 0\n"), "\\boxed{8}", "no code"]
+        assert verifier.score_texts(golds, texts, [None] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+        stats = verifier.stats
+        assert stats["code/passed"] == 1 and stats["code/failed"] == 1 and stats["code/no_code"] == 1
+        assert verifier.score_texts(['{"code_tests": "garbage"'], [fence(RIGHT)]) == [0.0]
+        assert verifier.stats["code/bad_tests"] == 1
+
+
+# -- prompts and lessons ---------------------------------------------------------------------------------------
+
+
+def test_code_prompts_ask_for_code_and_never_show_test_results():
+    problem = builtin_code("2", n=1)[0]
+    assert CODE_INSTRUCTION in solve_messages(problem.problem)[0]["content"]
+    assert SOLVE_INSTRUCTION in solve_messages("What is 2 + 2?")[0]["content"]
+    text = reflection_text(problem.problem, ["```python\ndef f(xs):\n    return xs\n```"])
+    assert CODE_INSTRUCTION in text and "check every line of code" in text and "boxed" not in text
+    tests = CodeTests.from_gold(problem.answer)
+    for args, _ in tests.cases:
+        assert f"{tests.entry_point}({', '.join(map(repr, args))})" not in text
+    assert "assert" not in text and "passed" not in text.lower() and "failed" not in text.lower()
+    assert CODE_INSTRUCTION in abstraction_text(problem.problem, [(["Check the empty list first."], [])])
+    assert "Do not write any code" in summary_messages(problem.problem, "attempt", True)[0]["content"]
+    truth = ground_truth(problem.answer)  # gold critique (privileged): one test, never the solution or raw tests
+    assert truth.startswith("a test it must pass is: assert ") and "{" not in truth
+    assert ground_truth("42") == "the ground truth is 42"
+
+
+SOLUTION_LINES = [line.strip() for f in FAMILIES for line in f.body.format(c=3, ch="a").splitlines()]
+
+
+@given(st.sampled_from(SOLUTION_LINES), st.sampled_from(["", "Use ", "Remember: ", "- "]))
+def test_lessons_and_hints_that_hold_code_are_dropped(line, prefix):
+    kept, dropped = clean_lessons([prefix + line], [ADD.to_gold()])
+    assert not kept and (dropped["holds_code"] or dropped["states_an_answer"])
+    assert states_answer(prefix + line, ADD.to_gold())
+
+
+@given(
+    st.sampled_from(
+        [
+            "Check the empty list before taking the largest value.",
+            "Count with a variable that starts at zero.",
+            "Read the docstring twice and handle negative numbers.",
+            "Loop over the words in order.",
+        ]
+    )
+)
+def test_lessons_in_words_are_kept_for_code(lesson):
+    assert clean_lessons([lesson], [ADD.to_gold()])[0] == [lesson]
+    assert not states_answer(lesson, ADD.to_gold())
+
+
+# -- training --------------------------------------------------------------------------------------------------
+
+
+@needs_bwrap
+@pytest.mark.parametrize("mode", ["strip", "keep"])
+def test_lanpo_trains_on_code_with_the_sandboxed_reward(tiny_model_dir, tmp_path, mode):
+    from lanpo.config import LanpoConfig
+    from lanpo.data.loaders import to_prompt_dataset
+    from lanpo.engine.models import load_tokenizer
+    from lanpo.trainer import LanpoTrainer
+    from test_trainer import common, history, stub_summaries
+
+    problems = builtin_code("1", n=4)
+    args = LanpoConfig(
+        **common(tmp_path, "code", max_steps=2, context_in_loss=mode, max_completion_length=64),
+        relevance_scorer="bm25",
+        relevance_threshold=0.0,
+        summaries_per_group=1,
+    )
+    trainer = LanpoTrainer(
+        model=str(tiny_model_dir),
+        args=args,
+        train_dataset=to_prompt_dataset(problems),
+        processing_class=load_tokenizer(str(tiny_model_dir)),
+    )
+    stub_summaries(trainer)
+    tok = trainer.processing_class
+    solutions = {p.problem: p.solution for p in problems}
+    original = trainer._generate_ids
+
+    def half_right(prompt_ids):  # a random model writes no code: every other row gets its reference solution
+        completions, logprobs = original(prompt_ids)
+        for k, ids in enumerate(prompt_ids):
+            text = tok.decode(ids)
+            solution = next((s for p, s in solutions.items() if p.split("def ")[1][:20] in text), None)
+            if solution and k % 2 == 0 and "Distill" not in text:
+                completions[k] = tok.encode(fence(solution), add_special_tokens=False) + [tok.eos_token_id]
+        return completions, logprobs
+
+    trainer._generate_ids = half_right
+    trainer.train()
+    trainer.verifier.close()
+    losses = history(trainer, "loss")
+    assert losses and all(math.isfinite(x) for x in losses)
+    logged = {k for h in trainer.state.log_history for k in h}
+    assert {"code/passed", "code/failed", "code/no_code", "code/timeout"} <= logged
+    assert sum(history(trainer, "code/passed")) > 0
+    samples = [json.loads(line) for line in (Path(args.output_dir) / "samples.jsonl").read_text().splitlines()]
+    assert samples and all("assert" not in s.get("prompt", "") for s in samples)
+    assert not os.environ.get("LANPO_SANDBOX_LEAK")
