@@ -461,3 +461,50 @@ def test_lanpo_trains_on_code_with_the_sandboxed_reward(tiny_model_dir, tmp_path
     samples = [json.loads(line) for line in (Path(args.output_dir) / "samples.jsonl").read_text().splitlines()]
     assert samples and all("assert" not in s.get("prompt", "") for s in samples)
     assert not os.environ.get("LANPO_SANDBOX_LEAK")
+
+
+def test_the_reference_context_of_a_code_problem_shows_the_first_lines_below_the_signature():
+    from lanpo.feedback.privileged import reference_prompt
+
+    problem = builtin_code("3", n=40)
+    task = next(p for p in problem if "first number in xs greater than" in p.problem)
+    text = reference_prompt(task.problem, task.solution, 0.5)[0]["content"]
+    shown = text[len(task.problem) :]
+    assert "```python\n    for i, x in enumerate(xs):\n        if x > " in shown
+    assert "return i" not in shown and "return -1" not in shown and "def " not in shown
+    one_line = next(p for p in builtin_code("1", n=40) if "return x + " in p.solution)
+    assert reference_prompt(one_line.problem, one_line.solution, 0.75) is None  # never the last (only) line
+
+
+@needs_bwrap
+@pytest.mark.parametrize("source", ["reference", "gold", "self-hint"])
+def test_each_privileged_source_and_the_unsolved_trigger_train_on_code(tiny_model_dir, tmp_path, source):
+    from test_trainer import common, history, stub_summaries
+
+    from lanpo.config import LanpoConfig
+    from lanpo.data.loaders import to_prompt_dataset
+    from lanpo.engine.models import load_tokenizer
+    from lanpo.trainer import LanpoTrainer
+
+    args = LanpoConfig(
+        **common(tmp_path, source, max_steps=1, max_completion_length=16),
+        feedback_source=source,
+        feedback_trigger="unsolved",
+        hint_level=2,
+        summaries_per_group=0,
+        relevance_scorer="bm25",
+    )
+    trainer = LanpoTrainer(
+        model=str(tiny_model_dir),
+        args=args,
+        train_dataset=to_prompt_dataset(builtin_code("3", n=4)),
+        processing_class=load_tokenizer(str(tiny_model_dir)),
+    )
+    stub_summaries(trainer)
+    trainer.train()
+    trainer.verifier.close()
+    assert all(math.isfinite(x) for x in history(trainer, "loss"))
+    logged = {k for h in trainer.state.log_history for k in h}
+    assert "code/no_code" in logged and "lanpo/triggered_share" in logged
+    assert history(trainer, "lanpo/triggered_share")[0] == 1.0  # a random model solves nothing: every group triggers
+    assert history(trainer, "lanpo/feedback_share")[0] > 0

@@ -30,6 +30,7 @@ from lanpo.prompts import (
     Messages,
     gold_messages,
     hinted_messages,
+    is_code_problem,
     parse_hint,
     reference_messages,
     self_hint_messages,
@@ -86,17 +87,32 @@ def level_share(level: int, scale: float = 1.0) -> float:
     return level / (HINT_TOP + 1) * scale
 
 
-def solution_prefix(solution: str, share: float) -> str | None:
-    """The first ``round(share × steps)`` steps (half up), at most all but the last; None when that is none."""
-    steps = split_steps(solution)
+def solution_prefix(solution: str, share: float, problem: str | None = None) -> str | None:
+    """The first ``round(share × steps)`` steps (half up), at most all but the last; None when that is none. For a
+    code problem the steps are the solution's lines below what the problem already shows, indentation kept, in a
+    fence."""
+    code = problem is not None and is_code_problem(problem)
+    steps = code_steps(problem, solution) if code else split_steps(solution)
     k = min(len(steps) - 1, int(len(steps) * share + 0.5))
-    return "\n".join(steps[:k]) if k >= 1 else None
+    if k < 1:
+        return None
+    return "```python\n" + "\n".join(steps[:k]) + "\n```" if code else "\n".join(steps[:k])
+
+
+def code_steps(problem: str, solution: str) -> list[str]:
+    """A reference function's lines after those the problem states (its signature and docstring)."""
+    shown = {line.strip() for line in problem.splitlines() if line.strip()}
+    lines = [line.rstrip() for line in solution.splitlines() if line.strip()]
+    start = 0
+    while start < len(lines) and lines[start].strip() in shown:
+        start += 1
+    return lines[start:]
 
 
 def reference_prompt(problem: str, solution: str | None, share: float) -> Messages | None:
     """The ``reference`` context: the problem and the first ``share`` of its solution's steps; None where the
     share holds no step (or there is no solution)."""
-    prefix = solution_prefix(solution, share) if solution else None
+    prefix = solution_prefix(solution, share, problem) if solution else None
     return reference_messages(problem, prefix) if prefix else None
 
 
