@@ -508,3 +508,22 @@ def test_each_privileged_source_and_the_unsolved_trigger_train_on_code(tiny_mode
     assert "code/no_code" in logged and "lanpo/triggered_share" in logged
     assert history(trainer, "lanpo/triggered_share")[0] == 1.0  # a random model solves nothing: every group triggers
     assert history(trainer, "lanpo/feedback_share")[0] > 0
+
+
+@needs_bwrap
+def test_eval_on_code_runs_every_inference_mode_and_reports_pass_at_k(tiny_model_dir, tmp_path):
+    from lanpo.cli import main
+
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tiny_model_dir), "--data", "builtin:code?split=test&n=3", "--k", "2"]
+    argv += ["--max-new-tokens", "8", "--modes", "zero-shot,self-correct,reference,gold", "--out", str(out)]
+    assert main(argv) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["prompt"]["instruction"] == CODE_INSTRUCTION
+    for mode in ("zero-shot", "self-correct", "reference", "gold"):
+        metrics = results["modes"][mode]["metrics"]
+        assert metrics["problems"] == 3 and "pass@2" in metrics and metrics["mean@2"] == 0.0  # a random model
+    stats = results["modes"]["zero-shot"]["verifier"]["stats"]
+    assert stats["code/executions"] + stats.get("code/no_code", 0) >= 6
+    records = [json.loads(line) for line in (out / "completions-gold.jsonl").read_text().splitlines()]
+    assert all("a test it must pass is: assert" in r["prompt"] for r in records)

@@ -51,6 +51,7 @@ from lanpo.pool.retrieval import Retriever
 from lanpo.pool.store import ExperiencePool, PoolEntry
 from lanpo.prompts import Messages, Summary, format_summary, is_prefilled, parse_summary, solve_messages, with_prefill
 from lanpo.summarize import Trial, entry_from_summary, summary_prompt
+from lanpo.verify.code import Verifier
 from lanpo.verify.rewards import MathVerifier
 
 logger = logging.getLogger(__name__)
@@ -236,7 +237,7 @@ def build_sft_data(
     mix: Sequence[float] = (1 / 3, 1 / 3, 1 / 3),
     tries: int = 4,
     batch_size: int = 16,
-    verifier: MathVerifier | None = None,
+    verifier: Verifier | MathVerifier | None = None,
     teacher_name: str = "teacher",
     seed: int = 0,
     progress: bool = True,
@@ -272,7 +273,7 @@ def build_sft_data(
         if row.get("status") == "dropped":
             report.drop(row["skill"], str(row.get("reason", "")))
     own_verifier = verifier is None
-    verifier = verifier or MathVerifier()
+    verifier = verifier or Verifier(MathVerifier())  # code problems' tests run in the sandbox
     retriever = Retriever(summaries, "bm25", gamma=0.0, top_k=2, candidates=8)
     rng = random.Random(seed)
     order = list(problems)
@@ -531,7 +532,6 @@ def command(args) -> int:
     from lanpo.data.loaders import load_problems
     from lanpo.data.presets import training_split
     from lanpo.run.files import check_writable
-    from lanpo.verify.rewards import MathVerifier
 
     mix = args.mix
     problems = load_problems(
@@ -558,7 +558,7 @@ def command(args) -> int:
         teacher = HFGenerator(
             model, tokenizer, temperature=args.temperature, max_new_tokens=args.max_new_tokens, batch_size=32
         )
-    with MathVerifier(extraction=extraction(args.extraction, args.teacher)) as verifier:
+    with Verifier(MathVerifier(extraction=extraction(args.extraction, args.teacher))) as verifier:
         report = build_sft_data(
             problems,
             teacher,

@@ -38,7 +38,7 @@ from lanpo.engine.generation import Sample, generate
 from lanpo.feedback import build_abstraction_prompt, build_reflection_prompt
 from lanpo.pool.retrieval import LLMJudgeScorer, Retriever, make_scorer
 from lanpo.pool.store import ExperiencePool, resolve_pool_path
-from lanpo.prompts import SOLVE_INSTRUCTION, solve_messages
+from lanpo.prompts import CODE_HEADER, domain_of, is_code_problem, solve_messages
 from lanpo.verify.answers import extract_answer
 from lanpo.verify.code import CodeSettings, Verifier
 from lanpo.verify.rewards import MathVerifier
@@ -394,8 +394,9 @@ def run_self_hint(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
 # Driver and reports
 
 
-def example_prompt(mode: str) -> str:
-    return solve_messages("<problem>")[-1]["content"] if mode == "zero-shot" else mode
+def example_prompt(mode: str, code: bool = False) -> str:
+    problem = f"{CODE_HEADER}\n\n<function>" if code else "<problem>"
+    return solve_messages(problem)[-1]["content"] if mode == "zero-shot" else mode
 
 
 def evaluate(
@@ -437,9 +438,13 @@ def write_results(results: list[ModeResult], out_dir: str | Path, header: dict) 
     """Write ``results.json``, ``results.md`` and one ``completions-<mode>.jsonl`` per mode into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    problem = next((r["problem"] for result in results for r in result.records if r.get("problem")), "")
     payload = {
         **header,
-        "prompt": {"instruction": SOLVE_INSTRUCTION, "zero_shot_example": example_prompt("zero-shot")},
+        "prompt": {
+            "instruction": domain_of(problem).instruction,
+            "zero_shot_example": example_prompt("zero-shot", is_code_problem(problem)),
+        },
         "modes": {r.mode: {"metrics": r.metrics, **r.info} for r in results},
     }
     (out / "results.json").write_text(json.dumps(payload, indent=2, default=str))
