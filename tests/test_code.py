@@ -414,28 +414,32 @@ def test_lessons_in_words_are_kept_for_code(lesson):
 # -- training --------------------------------------------------------------------------------------------------
 
 
-@needs_bwrap
-@pytest.mark.parametrize("mode", ["strip", "keep"])
-def test_lanpo_trains_on_code_with_the_sandboxed_reward(tiny_model_dir, tmp_path, mode):
+def code_trainer(model_dir, tmp_path, problems, **overrides):
     from lanpo.config import LanpoConfig
     from lanpo.data.loaders import to_prompt_dataset
     from lanpo.engine.models import load_tokenizer
     from lanpo.trainer import LanpoTrainer
-    from test_trainer import common, history, stub_summaries
+    from test_trainer import common
+
+    settings = {"relevance_scorer": "bm25", "relevance_threshold": 0.0, "summaries_per_group": 1, **overrides}
+    return LanpoTrainer(
+        model=str(model_dir),
+        args=LanpoConfig(**common(tmp_path, "code", **settings)),
+        train_dataset=to_prompt_dataset(problems),
+        processing_class=load_tokenizer(str(model_dir)),
+    )
+
+
+@needs_bwrap
+@pytest.mark.parametrize("mode", ["strip", "keep"])
+def test_lanpo_trains_on_code_with_the_sandboxed_reward(tiny_model_dir, tmp_path, mode):
+    from test_trainer import history, stub_summaries
 
     problems = builtin_code("1", n=4)
-    args = LanpoConfig(
-        **common(tmp_path, "code", max_steps=2, context_in_loss=mode, max_completion_length=64),
-        relevance_scorer="bm25",
-        relevance_threshold=0.0,
-        summaries_per_group=1,
+    trainer = code_trainer(
+        tiny_model_dir, tmp_path, problems, max_steps=2, context_in_loss=mode, max_completion_length=64
     )
-    trainer = LanpoTrainer(
-        model=str(tiny_model_dir),
-        args=args,
-        train_dataset=to_prompt_dataset(problems),
-        processing_class=load_tokenizer(str(tiny_model_dir)),
-    )
+    args = trainer.args
     stub_summaries(trainer)
     tok = trainer.processing_class
     solutions = {p.problem: p.solution for p in problems}
@@ -479,26 +483,18 @@ def test_the_reference_context_of_a_code_problem_shows_the_first_lines_below_the
 @needs_bwrap
 @pytest.mark.parametrize("source", ["reference", "gold", "self-hint"])
 def test_each_privileged_source_and_the_unsolved_trigger_train_on_code(tiny_model_dir, tmp_path, source):
-    from test_trainer import common, history, stub_summaries
+    from test_trainer import history, stub_summaries
 
-    from lanpo.config import LanpoConfig
-    from lanpo.data.loaders import to_prompt_dataset
-    from lanpo.engine.models import load_tokenizer
-    from lanpo.trainer import LanpoTrainer
-
-    args = LanpoConfig(
-        **common(tmp_path, source, max_steps=1, max_completion_length=16),
+    trainer = code_trainer(
+        tiny_model_dir,
+        tmp_path,
+        builtin_code("3", n=4),
+        max_steps=1,
+        max_completion_length=16,
         feedback_source=source,
         feedback_trigger="unsolved",
         hint_level=2,
         summaries_per_group=0,
-        relevance_scorer="bm25",
-    )
-    trainer = LanpoTrainer(
-        model=str(tiny_model_dir),
-        args=args,
-        train_dataset=to_prompt_dataset(builtin_code("3", n=4)),
-        processing_class=load_tokenizer(str(tiny_model_dir)),
     )
     stub_summaries(trainer)
     trainer.train()

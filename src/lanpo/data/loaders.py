@@ -362,6 +362,17 @@ def read_rows(path: Path) -> list[dict]:
 DEFAULT_ARITH = {"levels": "1", "n": 256, "seed": 0, "split": "train"}
 
 
+def _levels_and_split(name: str, levels: list[int] | str, split: str) -> list[int]:
+    """A generator's levels as integers (``"1,2"`` or a list), with its split checked."""
+    if isinstance(levels, str):
+        levels = [int(x) for x in re.split(r"[,\s]+", levels.strip()) if x]
+    if not levels:
+        raise DataError(f"{name} needs at least one level.")
+    if split not in ("train", "test"):
+        raise DataError(f"{name} split must be 'train' or 'test', not {split!r}.")
+    return levels
+
+
 def builtin_arith(
     levels: list[int] | str = DEFAULT_ARITH["levels"],
     n: int = DEFAULT_ARITH["n"],
@@ -375,12 +386,7 @@ def builtin_arith(
     room to learn. Levels 2-5 measured 6%, 5%, 5% and 0%. Problems are unique within a split; train and test
     are disjoint.
     """
-    if isinstance(levels, str):
-        levels = [int(x) for x in re.split(r"[,\s]+", levels.strip()) if x]
-    if not levels:
-        raise DataError("builtin:arith needs at least one level.")
-    if split not in ("train", "test"):
-        raise DataError(f"builtin:arith split must be 'train' or 'test', not {split!r}.")
+    levels = _levels_and_split("builtin:arith", levels, split)
     try:
         rows = arith_problems(levels, n, seed, split)
     except ValueError as error:
@@ -405,12 +411,7 @@ def builtin_code(
 ) -> list[Problem]:
     """Seeded Python function tasks with hidden tests and a reference solution (:mod:`lanpo.data.code_tasks`);
     train and test hold different tasks."""
-    if isinstance(levels, str):
-        levels = [int(x) for x in re.split(r"[,\s]+", levels.strip()) if x]
-    if not levels:
-        raise DataError("builtin:code needs at least one level.")
-    if split not in ("train", "test"):
-        raise DataError(f"builtin:code split must be 'train' or 'test', not {split!r}.")
+    levels = _levels_and_split("builtin:code", levels, split)
     try:
         tasks = code_tasks(levels, n, seed, split)
     except ValueError as error:
