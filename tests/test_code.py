@@ -212,14 +212,14 @@ def test_reward_hacks_score_zero(sandbox, hack, tests):
     assert result.outcome != "passed" and result.share == 0.0, result
 
 
-def sandbox_processes_left(wait: float = 5.0) -> list[str]:
-    """Live processes of the sandbox uids (zombies excluded: they run nothing, and the host's init reaps them), after
-    waiting up to ``wait`` seconds for the kernel to finish the kill."""
+def sandbox_processes_left(sandbox, wait: float = 5.0) -> list[str]:
+    """Live processes of this sandbox's uids (zombies excluded: they run nothing, and the host's init reaps them),
+    after waiting up to ``wait`` seconds for the kernel to finish the kill."""
     deadline = time.monotonic() + wait
     while True:
         out = subprocess.run(["ps", "-e", "-o", "uid=,stat=,pid=,cmd="], capture_output=True, text=True).stdout
         rows = [line.split(None, 3) for line in out.splitlines() if line.split()]
-        live = [" ".join(r) for r in rows if int(r[0]) >= 200_000 and not r[1].startswith("Z")]
+        live = [" ".join(r) for r in rows if int(r[0]) in sandbox.uids and not r[1].startswith("Z")]
         if not live or time.monotonic() > deadline:
             return live
         time.sleep(0.1)
@@ -287,7 +287,8 @@ def test_the_trainers_environment_and_files_are_not_visible(sandbox, monkeypatch
         (
             "forks that sleep",
             "import os, time\nfor _ in range(500):\n    try:\n        if os.fork() == 0:\n"
-            "            time.sleep(60)\n    except OSError:\n        pass\n" + RIGHT,
+            "            time.sleep(60)\n    except OSError:\n        pass\n"
+            "def add(a, b):\n    return -1\n",
         ),
         ("memory", "blocks = []\nwhile True:\n    blocks.append(bytearray(50_000_000))\n"),
         ("endless loop", "while True:\n    pass\n"),
@@ -313,7 +314,7 @@ def test_resource_attacks_end_with_zero_and_leave_nothing_running(sandbox, kind,
     assert elapsed < sandbox.limits.timeout + 6
     assert len(result.output) <= sandbox.limits.output_chars
     assert sandbox.stats[result.outcome] == before.get(result.outcome, 0) + 1
-    assert sandbox_processes_left() == []
+    assert sandbox_processes_left(sandbox) == []
     assert run(sandbox, RIGHT).outcome == "passed"  # and the next run is unharmed
 
 
@@ -523,3 +524,19 @@ def test_eval_on_code_runs_every_inference_mode_and_reports_pass_at_k(tiny_model
     assert stats["code/executions"] + stats.get("code/no_code", 0) >= 6
     records = [json.loads(line) for line in (out / "completions-gold.jsonl").read_text().splitlines()]
     assert all("a test it must pass is: assert" in r["prompt"] for r in records)
+
+
+@needs_bwrap
+def test_where_the_unprivileged_uid_cannot_sandbox_it_falls_back_and_says_so(monkeypatch, caplog):
+    real = Sandbox._works
+    calls = []
+
+    def works(self):  # as a kernel that forbids user namespaces to other uids would answer
+        calls.append(self.drop_to_uid)
+        return False if self.drop_to_uid else real(self)
+
+    monkeypatch.setattr(Sandbox, "_works", works)
+    box = Sandbox()
+    assert box.isolated and not box.drop_to_uid
+    assert box.run(RIGHT, ADD).outcome == "passed"
+    assert os.geteuid() != 0 or ("no process limit" in caplog.text and calls[0] is True)

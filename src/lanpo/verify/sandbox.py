@@ -29,6 +29,7 @@ directory, and no security boundary at all).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import secrets
@@ -43,6 +44,8 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 CODE_GOLD_KEY = "code_tests"  # a gold answer that starts with {"code_tests": is a test suite, not a math answer
 
@@ -249,29 +252,38 @@ class Sandbox:
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._slots = list(range(self.workers))
+        self._slot_count = self.workers
         self._pool: ThreadPoolExecutor | None = None
         self.interpreter = _interpreter()
-        self.isolated = self._bwrap_works()
-        if not self.isolated and not allow_unsandboxed:
-            raise SandboxUnavailable(INSTALL_HINT)
-        if not self.isolated:
-            self.interpreter = sys.executable
-        # As root, the sandbox drops to an unprivileged uid; the interpreter must be one that uid can read.
-        self.drop_to_uid = os.geteuid() == 0 and self.interpreter.startswith("/usr/")
-
-    def _bwrap_works(self) -> bool:
-        if shutil.which("bwrap") is None:
-            return False
-        try:
-            probe = subprocess.run(
-                bwrap_argv(self.interpreter)[:-2] + ["-c", "print('ok')"],
-                capture_output=True,
-                text=True,
-                timeout=20,
+        self.isolated = shutil.which("bwrap") is not None
+        # As root, the sandbox drops to an unprivileged uid (root is exempt from the process limit); the interpreter
+        # must be one that uid can read, and the kernel must let that uid make a user namespace.
+        self.drop_to_uid = self.isolated and os.geteuid() == 0 and self.interpreter.startswith("/usr/")
+        if self.drop_to_uid and not self._works():
+            self.drop_to_uid = False
+            logger.warning(
+                "The sandbox cannot run under an unprivileged uid here: no process limit (only its PID "
+                "namespace and the timeout bound a fork bomb)."
             )
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-        return probe.stdout.strip() == "ok"
+        if self.isolated and not self._works():
+            self.isolated = False
+        if not self.isolated:
+            if not allow_unsandboxed:
+                raise SandboxUnavailable(INSTALL_HINT)
+            self.interpreter = sys.executable
+            logger.warning(
+                "Running model-written code WITHOUT a sandbox (allow_unsandboxed_code): no security boundary."
+            )
+
+    @property
+    def uids(self) -> range:
+        """The unprivileged uids this process's sandboxes run under, as root (one per concurrent run)."""
+        base = 200_000 + (os.getpid() % 10_000) * 64
+        return range(base, base + 64)
+
+    def _works(self) -> bool:
+        """Whether one trivial run passes as runs will be made (bubblewrap present, namespaces allowed)."""
+        return self._execute("def f():\n    return 1\n", CodeTests("f", cases=[[[], 1]]), 0).outcome == "passed"
 
     # -- public API ------------------------------------------------------------------------------------------
 
@@ -289,7 +301,12 @@ class Sandbox:
         if code is None or not code.strip():
             result = Execution("no_code", 0, max(1, len(tests.cases)))
         else:
-            with self._lock:
+            with (
+                self._lock
+            ):  # a slot (an uid) per concurrent run; more than `workers` when run() is called from threads
+                if not self._slots:
+                    self._slots.append(self._slot_count % 64)
+                    self._slot_count += 1
                 slot = self._slots.pop()
             try:
                 result = self._execute(code, tests, slot)
@@ -328,7 +345,7 @@ class Sandbox:
         argv = bwrap_argv(self.interpreter) if self.isolated else [self.interpreter, "-I", "-S", "-B", "-c", RUNNER]
         # As root, each worker slot runs as an unprivileged uid of its own: the process limit then counts the
         # sandbox's processes alone (root is exempt from it).
-        uid = 200_000 + (os.getpid() % 10_000) * 64 + slot if self.drop_to_uid else None
+        uid = self.uids[slot] if self.drop_to_uid else None
         started = time.monotonic()
         with tempfile.TemporaryDirectory(prefix="lanpo-code-") as workdir, tempfile.TemporaryFile() as output:
             try:
