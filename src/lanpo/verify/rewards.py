@@ -33,6 +33,7 @@ from lanpo.verify.answers import (
     normalize_gold,
     stated_value,
 )
+from lanpo.verify.code import Verifier
 from lanpo.verify.numerals import numbers_match, strip_thousands
 
 logger = logging.getLogger(__name__)
@@ -327,14 +328,15 @@ class MathVerifier:
 # ---------------------------------------------------------------------------------------------------------------
 # Shared default verifier and the TRL reward function
 
-_DEFAULT: dict[tuple[float, str], MathVerifier] = {}
+_DEFAULT: dict[tuple[float, str], Verifier] = {}
 
 
-def get_verifier(time_limit: float = 2.0, extraction: str = "strict") -> MathVerifier:
-    """A process-wide verifier per (time limit, extraction mode), closed at exit."""
+def get_verifier(time_limit: float = 2.0, extraction: str = "strict") -> Verifier:
+    """A process-wide verifier per (time limit, extraction mode), closed at exit: math answers, and code problems'
+    tests in the sandbox (started on the first code gold)."""
     key = (float(time_limit), extraction)
     if key not in _DEFAULT:
-        _DEFAULT[key] = MathVerifier(time_limit=time_limit, extraction=extraction)
+        _DEFAULT[key] = Verifier(MathVerifier(time_limit=time_limit, extraction=extraction))
     return _DEFAULT[key]
 
 
@@ -353,8 +355,9 @@ def completion_text(completion) -> str:
     return ""
 
 
-def make_accuracy_reward(verifier: MathVerifier | None = None):
-    """A TRL reward function: 1.0 when the completion's final answer matches the ``answer`` column, else 0.0."""
+def make_accuracy_reward(verifier: Verifier | MathVerifier | None = None):
+    """A TRL reward function: 1.0 when the completion's final answer matches the ``answer`` column (for a code
+    problem, when its function passes the tests the column holds), else 0.0."""
     verifier = verifier or get_verifier()
 
     def accuracy(completions, answer, problem=None, log_metric=None, **kwargs) -> list[float]:
