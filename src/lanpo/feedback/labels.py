@@ -37,19 +37,15 @@ LABEL_TALK = re.compile("|".join(LABEL_TALK_PATTERNS), re.IGNORECASE)
 ANSWER_STATEMENT = re.compile(r"\\boxed|\b(?:final\s+)?answers?\s*(?:is|was|are|were|=|:)", re.IGNORECASE)
 
 # A lesson that holds code is a solution, not a principle ("check the empty list" is a lesson; ``return sum(xs)`` is
-# not): a fence, a definition, a return, an import, a lambda, a comprehension, a call with an assignment, an assert,
-# a slice, an augmented assignment, a statement header ending in a colon, or a lesson that is one assignment.
-CODE_STATEMENT = re.compile(
-    r"```|\bdef\s+\w+\s*\(|\breturn\s+\S|^\s*(?:import|from\s+\S+\s+import)\s|\blambda\b[^:]*:"
-    r"|\[[^\]]*\bfor\b[^\]]*\bin\b[^\]]*\]|\b\w+\s*=\s*\w+\s*\(|\bassert\s+\S|\w\[[^\]]*:[^\]]*\]"
-    r"|\b\w+\s*(?:\+|-|\*|/|//|%)=\s*\S|^\s*(?:if|elif|else|for|while|with|try|except)\b[^\n]*:\s*$"
-    r"|\A\s*[A-Za-z_]\w*\s*=\s*[^=\s][^\n]*\Z",
-    re.MULTILINE,
-)
-# For a code problem's lessons (its gold a test suite) also any assignment and any method call: in words about code,
-# "count = 0", "s.split(' ')" or "for x in xs:" is the solution's text.
+# not). CODE_STATEMENT is what no lesson of any domain writes in words: a fence, a definition, an import line.
+CODE_STATEMENT = re.compile(r"```|\bdef\s+\w+\s*\(|^\s*(?:import|from\s+\S+\s+import)\s", re.MULTILINE)
+# For a code problem's lessons (its gold a test suite) also the pieces of code a sentence can hold, which a math lesson
+# may write in words ("return to the equation", "y = f(x)", "for every pair:", "\lambda: ..."): a return, a lambda,
+# a comprehension, an assert, a slice, any assignment, a method call, a statement header ending in a colon.
 CODE_DETAIL = re.compile(
-    r"\b[A-Za-z_]\w*\s*=\s*[^=\s]|\b[A-Za-z_]\w*\.[A-Za-z_]\w*\(|\b(?:for|if|elif|while|with)\b[^\n]*:\s*$",
+    r"\breturn\s+\S|\blambda\b[^:]*:|\[[^\]]*\bfor\b[^\]]*\bin\b[^\]]*\]|\bassert\s+\S|\w\[[^\]]*:[^\]]*\]"
+    r"|\b[A-Za-z_]\w*\s*(?:\+|-|\*|/|//|%)?=\s*[^=\s]|\b[A-Za-z_]\w*\.[A-Za-z_]\w*\("
+    r"|\b(?:if|elif|else|for|while|with|try|except)\b[^\n]*:\s*$",
     re.MULTILINE,
 )
 
