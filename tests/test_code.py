@@ -510,14 +510,25 @@ def test_each_privileged_source_and_the_unsolved_trigger_train_on_code(tiny_mode
 @needs_bwrap
 def test_eval_on_code_runs_every_inference_mode_and_reports_pass_at_k(tiny_model_dir, tmp_path):
     from lanpo.cli import main
+    from lanpo.pool.store import ExperiencePool, PoolEntry
 
+    run = tmp_path / "code-run"  # a pool of lessons from training tasks, as a LANPO run on code leaves one
+    with ExperiencePool(run) as pool:
+        lessons = ["check the empty list before anything else", "walk the list once and keep a counter"]
+        pool.add([PoolEntry(p.id, p.problem, "", lessons, ["an index off by one"]) for p in builtin_code("2,3", n=6)])
+    settings = {"relevance_scorer": "bm25", "relevance_threshold": 0.0, "retrieval_top_k": 2}
+    (run / "config.json").write_text(json.dumps(settings))
     out = tmp_path / "eval"
-    argv = ["eval", "--model", str(tiny_model_dir), "--data", "builtin:code?split=test&n=3", "--k", "2"]
-    argv += ["--max-new-tokens", "8", "--modes", "zero-shot,self-correct,reference,gold", "--out", str(out)]
+    modes = "zero-shot,retrieval,self-correct,reference,gold"
+    argv = ["eval", "--model", str(tiny_model_dir), "--data", "builtin:code?split=test&n=3&levels=2,3", "--k", "2"]
+    argv += ["--max-new-tokens", "8", "--modes", modes, "--pool", str(run), "--out", str(out)]
     assert main(argv) == 0
     results = json.loads((out / "results.json").read_text())
     assert results["prompt"]["instruction"] == CODE_INSTRUCTION
-    for mode in ("zero-shot", "self-correct", "reference", "gold"):
+    assert results["modes"]["retrieval"]["metrics"]["context_rate"] > 0
+    retrieved = [json.loads(line) for line in (out / "completions-retrieval.jsonl").read_text().splitlines()]
+    assert any("check the empty list" in r["prompt"] and CODE_INSTRUCTION in r["prompt"] for r in retrieved)
+    for mode in modes.split(","):
         metrics = results["modes"][mode]["metrics"]
         assert metrics["problems"] == 3 and "pass@2" in metrics and metrics["mean@2"] == 0.0  # a random model
     stats = results["modes"]["zero-shot"]["verifier"]["stats"]
