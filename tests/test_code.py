@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -94,7 +95,7 @@ def test_every_reference_solution_passes_its_own_tests_and_a_wrong_one_fails():
     problems = load_problems("builtin:code?levels=1,2,3,4,5&n=400") + load_problems(
         "builtin:code?split=test&n=400&levels=1,2,3,4,5"
     )
-    with CodeVerifierCtx() as verifier:
+    with closing(CodeVerifier(CodeSettings())) as verifier:
         right = verifier.score_texts([p.answer for p in problems], [fence(p.solution) for p in problems])
         wrong = [p.solution.rsplit("\n    ", 1)[0] + "\n    return None\n" for p in problems]
         wrong_scores = verifier.score_texts([p.answer for p in problems], [fence(w) for w in wrong])
@@ -108,7 +109,7 @@ def test_humaneval_loads_from_the_wheel_and_its_canonical_solutions_pass():
     assert len(problems) == 164
     assert all(p.solution and is_code_gold(p.answer) for p in problems)
     assert "check(candidate)" not in problems[0].problem and "def has_close_elements" in problems[0].problem
-    with CodeVerifierCtx() as verifier:
+    with closing(CodeVerifier(CodeSettings())) as verifier:
         scores = verifier.score_texts([p.answer for p in problems], [fence(p.solution) for p in problems])
         stubs = verifier.score_texts(
             [p.answer for p in problems[:20]],
@@ -344,17 +345,6 @@ def test_without_bubblewrap_lanpo_refuses_unless_the_risk_is_named(monkeypatch):
             verifier.score_texts([ADD.to_gold()], [fence(RIGHT)])
 
 
-class CodeVerifierCtx:
-    def __init__(self, **kwargs):
-        self.verifier = CodeVerifier(CodeSettings(**kwargs))
-
-    def __enter__(self):
-        return self.verifier
-
-    def __exit__(self, *exc):
-        self.verifier.close()
-
-
 @needs_bwrap
 def test_the_verifier_routes_each_gold_and_counts_outcomes():
     with Verifier(MathVerifier(), CodeSettings(workers=2)) as verifier:
@@ -551,3 +541,11 @@ def test_where_the_unprivileged_uid_cannot_sandbox_it_falls_back_and_says_so(mon
     assert box.isolated and not box.drop_to_uid
     assert box.run(RIGHT, ADD).outcome == "passed"
     assert os.geteuid() != 0 or ("no process limit" in caplog.text and calls[0] is True)
+
+
+def test_code_rows_with_the_same_id_keep_distinct_problem_ids(tmp_path):
+    row = {"id": "t1", "prompt": "def f(x):\n", "tests": "assert f(1) == 1"}
+    path = tmp_path / "dupes.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [row, row, {**row, "id": None}]) + "\n")
+    ids = [p.id for p in load_problems(str(path))]
+    assert len(ids) == len(set(ids)) == 3

@@ -285,7 +285,7 @@ def code_task(family_index: int, const, name: str, rng: random.Random) -> CodeTa
     function = _reference(name, solution)
     arguments = EDGE_CASES[family.args] + [_draw(family.args, rng) for _ in range(CASES - 1)]
     cases = [[args, function(*args)] for args in arguments]
-    text = f"{CODE_HEADER}\n\n```python\n{header}```"
+    text = code_problem_text(header)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     task = f"{family_index}:{const}"
     return CodeTask(task, f"code-L{family.level}-{digest}", text, CodeTests(name, cases=cases), solution, family.level)

@@ -274,12 +274,7 @@ def rows_to_problems(
         if (bare := strip_unit_note(answer)) != answer:
             answer = bare
             stats.unit_notes_removed += 1
-        i_key = _pick(row, id_field, ID_FIELDS)
-        pid = _plain(row.get(i_key)) if i_key else None
-        pid = f"{source}-{pid}" if pid else f"{source}-{index}"
-        if pid in seen_ids:
-            pid = f"{pid}-{index}"
-        seen_ids.add(pid)
+        pid = _row_id(row, source, index, seen_ids, id_field)
         solution = _solution(row, _pick(row, solution_field, SOLUTION_FIELDS), a_key, answer_format)
         problems.append(Problem(pid, text, answer, source, solution))
         stats.kept += 1
@@ -303,6 +298,17 @@ def rows_to_problems(
             stats.unit_notes_removed,
         )
     return problems
+
+
+def _row_id(row: dict, source: str, index: int, seen: set[str], id_field: str | None = None) -> str:
+    """A row's problem id, ``source-<id field>`` (else ``source-<index>``), made unique within the load."""
+    key = _pick(row, id_field, ID_FIELDS)
+    pid = _plain(row.get(key)) if key else None
+    pid = f"{source}-{pid}" if pid else f"{source}-{index}"
+    if pid in seen:
+        pid = f"{pid}-{index}"
+    seen.add(pid)
+    return pid
 
 
 def read_text(path: str | Path, name: str) -> str:
@@ -425,7 +431,7 @@ def code_rows_to_problems(rows: list, source: str, stats: LoadStats | None = Non
     """Rows of a code set (HumanEval's fields, or ``prompt``/``tests``/``entry_point``/``solution``) as problems
     whose gold is their test suite; a row without a prompt, tests or a function name is counted and skipped."""
     stats = stats if stats is not None else LoadStats()
-    problems = []
+    problems, seen_ids = [], set()
     for index, row in enumerate(rows):
         stats.rows += 1
         if not isinstance(row, dict):
@@ -451,9 +457,9 @@ def code_rows_to_problems(rows: list, source: str, stats: LoadStats | None = Non
         solution = next((row[k] for k in ("canonical_solution", "solution") if isinstance(row.get(k), str)), None)
         if solution is not None and f"def {entry}(" not in solution:  # HumanEval's: the body alone
             solution = code.rstrip("\n") + "\n" + solution
-        pid = _plain(row.get(_pick(row, None, ID_FIELDS) or "")) or str(index)
         tests = CodeTests(entry, check=check, preamble=preamble_of(code))
-        problems.append(Problem(f"{source}-{pid}", code_problem_text(code), tests.to_gold(), source, solution))
+        pid = _row_id(row, source, index, seen_ids)
+        problems.append(Problem(pid, code_problem_text(code), tests.to_gold(), source, solution))
         stats.kept += 1
     if stats.skipped:
         logger.warning("%s: kept %d of %d rows; skipped %s", source, stats.kept, stats.rows, stats.skipped)

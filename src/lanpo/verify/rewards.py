@@ -35,11 +35,9 @@ from lanpo.verify.answers import (
 )
 from lanpo.verify.code import Verifier
 from lanpo.verify.numerals import numbers_match, strip_thousands
+from lanpo.verify.sandbox import OUTCOMES
 
 logger = logging.getLogger(__name__)
-
-# What one sandboxed run of a completion's code can come to (lanpo.verify.sandbox.Execution), logged per step.
-CODE_OUTCOMES = ("passed", "failed", "error", "timeout", "crashed", "forged", "no_code")
 
 MAX_ANSWER_CHARS = 1000  # longer "answers" are garbage: scored 0 without parsing, and counted
 
@@ -370,8 +368,8 @@ def make_accuracy_reward(verifier: Verifier | MathVerifier | None = None):
             log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))
             log_metric("verifier/hedged_rate", delta["hedged"] / len(completions))
             log_metric("verifier/timeouts", float(delta["timeouts"]))
-            for outcome in CODE_OUTCOMES:  # code problems (lanpo.verify.code.Verifier): each outcome, counted
-                if "code/executions" in delta:
+            if "code/executions" in delta:  # code problems (lanpo.verify.code.Verifier): each outcome, counted
+                for outcome in OUTCOMES:
                     log_metric(f"code/{outcome}", float(delta[f"code/{outcome}"]))
         return scores
 

@@ -10,8 +10,8 @@ limit counts its processes alone.
 
 **A pass is the tests' own completion, reported out of band.** The trusted runner (:data:`RUNNER`) reads the code,
 the tests and a fresh random token from its standard input, runs the tests and writes one line, ``token result``,
-to file descriptor 3; the parent accepts exactly one such line and nothing else. An exit status, anything printed,
-an early ``exit``, a ``SystemExit`` raised inside the function or a second line on descriptor 3 earns nothing.
+on a pipe of its own; the parent accepts exactly one such line and nothing else. An exit status, anything printed,
+an early ``exit``, a ``SystemExit`` raised inside the function or a second line on that pipe earns nothing.
 Tests come in two forms (:class:`CodeTests`):
 
 * ``cases``: arguments and expected values. The runner sends back what the function *returned*, as JSON of plain
@@ -42,6 +42,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,9 @@ class Limits:
     output_chars: int = 2000
 
 
+OUTCOMES = ("passed", "failed", "error", "timeout", "crashed", "forged", "no_code")  # what a run can come to
+
+
 @dataclass
 class Execution:
     """One run's outcome: ``passed`` (every test), ``failed`` (a test failed or raised), ``error`` (the code did
@@ -109,7 +113,7 @@ class Execution:
         return self.passed / self.total if self.total else 0.0
 
 
-# The trusted runner: it runs inside the sandbox, reads its job from stdin and reports on fd 3. Kept free of any
+# The trusted runner: it runs inside the sandbox, reads its job from stdin and reports on the descriptor it names. Kept free of any
 # import beyond the standard library, and compatible with the sandbox interpreter (Python >= 3.8).
 RUNNER = r"""
 import json, os, sys
@@ -297,16 +301,14 @@ class Sandbox:
             return []
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="lanpo-sandbox")
-        results = list(self._pool.map(lambda job: self.run(*job), jobs))
-        return results
+        return list(self._pool.map(lambda job: self.run(*job), jobs))
 
     def run(self, code: str | None, tests: CodeTests) -> Execution:
         if code is None or not code.strip():
             result = Execution("no_code", 0, max(1, len(tests.cases)))
         else:
-            with (
-                self._lock
-            ):  # a slot (an uid) per concurrent run; more than `workers` when run() is called from threads
+            # a slot (an uid) per concurrent run; more than `workers` when run() is called from threads
+            with self._lock:
                 if not self._slots:
                     self._slots.append(self._slot_count % 64)
                     self._slot_count += 1
@@ -356,7 +358,9 @@ class Sandbox:
         elif uid is not None:
             switch = {"user": uid, "group": uid, "extra_groups": []}
         started = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="lanpo-code-") as workdir, tempfile.TemporaryFile() as output:
+        # bubblewrap starts in its private /tmp; without it the code gets a temporary directory of its own
+        workdir_context = nullcontext("/") if self.isolated else tempfile.TemporaryDirectory(prefix="lanpo-code-")
+        with workdir_context as workdir, tempfile.TemporaryFile() as output:
             try:
                 process = subprocess.Popen(
                     argv,
@@ -383,7 +387,7 @@ class Sandbox:
         return result
 
     def _wait(self, process: subprocess.Popen, job: bytes, read_end: int) -> tuple[bytes, bool]:
-        """Send the job, collect descriptor 3 until the sandbox ends or the deadline passes (then kill it all)."""
+        """Send the job, collect the report pipe until the sandbox ends or the deadline passes (then kill it all)."""
         deadline = time.monotonic() + self.limits.timeout
         chunks: list[bytes] = []
         reader = threading.Thread(target=_drain, args=(read_end, chunks, 1 << 16), daemon=True)
@@ -400,7 +404,7 @@ class Sandbox:
             timed_out = True
         _kill_group(process)
         reader.join(timeout=max(0.5, deadline - time.monotonic()))
-        if reader.is_alive():  # a grandchild still holds descriptor 3 open: it was killed with the group
+        if reader.is_alive():  # a grandchild still holds the report pipe open: it was killed with the group
             timed_out = True
         return b"".join(chunks), timed_out
 
