@@ -370,6 +370,17 @@ def test_separate_and_scratch_baseline_advantages_on_two_processes_equal_one_pro
             assert torch.allclose(both, one_process, atol=1e-5)
 
 
+@pytest.mark.slow
+def test_two_processes_where_only_one_has_feedback_rows_both_finish(tiny_model_dir, tmp_path):
+    """Generation calls are collective on several processes: a process whose groups all solved their problems
+    (feedback_trigger unsolved) still joins the feedback phase of one whose groups failed (here with the
+    privileged reference source), where it used to skip the call and leave the other waiting."""
+    out = _launch_two_processes(tiny_model_dir, tmp_path / "uneven", "uneven")
+    ranks = [json.loads((out / f"uneven-rank{r}.json").read_text())["feedback_rows"] for r in (0, 1)]
+    assert ranks[0] == [0, 0]
+    assert len(ranks[1]) == 2 and all(n > 0 for n in ranks[1])
+
+
 @pytest.mark.parametrize("mode", ["strip", "strip-sequence", "shaped", "unweighted"])
 @pytest.mark.parametrize(
     "setting",

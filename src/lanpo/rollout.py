@@ -74,6 +74,8 @@ class RolloutModel:
     feedback_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]] | None = None  # feedback rows'
     # own length limit (None: generated with the rest, at generate_ids' limit)
     score: Callable[[list[Row]], list[bool]] | None = None  # feedback_trigger unsolved: which rows are right
+    collective: bool = False  # every process must join every generation call (several processes: a call pads to
+    # the widest process), so a process with nothing to generate still calls
 
 
 def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, ...] | None = None) -> list[Row]:
@@ -154,7 +156,10 @@ def _generate(
     model: RolloutModel, rows: list[Row], extra: list[list[int]], index: list[int], feedback: bool = False
 ) -> list[list[int]]:
     """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch
-    (``feedback``: with the feedback rows' own length limit, where one is set)."""
+    (``feedback``: with the feedback rows' own length limit, where one is set). Nothing to generate makes no call,
+    unless the model's calls are collective: then this process joins the others' call with no rows of its own."""
+    if not index and not extra and not model.collective:
+        return []
     generate = model.feedback_ids if feedback and model.feedback_ids is not None else model.generate_ids
     completions, sampled = generate([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
     for k, i in enumerate(index):
@@ -205,9 +210,8 @@ def lanpo_rollout(
     if model.feedback_ids is not None:  # feedback rows have their own length limit: a generation of their own
         apart = [i for i in phase_a if rows[i].has_feedback]
         phase_a = [i for i in phase_a if not rows[i].has_feedback]
-        if apart:
-            with _timed(timer, "generate"):
-                _generate(model, rows, [], apart, feedback=True)
+        with _timed(timer, "generate"):
+            _generate(model, rows, [], apart, feedback=True)
     summaries = _generate_with_summaries(model, rows, context.pending, phase_a, timer)
     finished, carried = continue_summaries(model, context.pending, summaries)
 
@@ -218,8 +222,8 @@ def lanpo_rollout(
             own = {s: [r.text for r in rows[s : s + g] if r.kind == "scratch" and r.text.strip()] for s in groups}
             ask_sources(rows, g, context, attempts=own, only=waiting)
             _tokenize_contexts(model, [rows[i] for i in phase_b])
-        with _timed(timer, "generate"):
-            _generate(model, rows, [], phase_b, feedback=True)
+    with _timed(timer, "generate"):  # every process calls: another one may have rows waiting
+        _generate(model, rows, [], phase_b, feedback=True)
     escalate_hints(rows, g, model, context)
     return _output(rows, context.plan.objective.keeps_context), finished, carried
 
@@ -262,7 +266,7 @@ def escalate_hints(rows: list[Row], g: int, model: RolloutModel, context: StepCo
                             again.append(i)
             _tokenize_contexts(model, [rows[i] for i in again])
         context.counts["hint_escalated"] += len(again)
-        with _timed(context.timer, "generate"):
+        with _timed(context.timer, "generate"):  # every process calls, with or without rows of its own
             _generate(model, rows, [], sorted(again), feedback=True)
 
 
@@ -317,9 +321,8 @@ def unsolved_rollout(
         ask_sources(rows, g, context, attempts=attempts)
         phase_b = [i for i, r in enumerate(rows) if r.has_feedback]
         _tokenize_contexts(model, [rows[i] for i in phase_b])
-    if phase_b:
-        with _timed(timer, "generate"):
-            _generate(model, rows, [], phase_b, feedback=True)
+    with _timed(timer, "generate"):  # every process calls: another one's groups may have failed
+        _generate(model, rows, [], phase_b, feedback=True)
     escalate_hints(rows, g, model, context)
     return _output(rows, context.plan.objective.keeps_context), finished, carried
 

@@ -173,6 +173,7 @@ class LanpoTrainer(GRPOTrainer):
             if self.feedback_limit != self.max_completion_length
             else None,
             score=self._right,
+            collective=self.accelerator.num_processes > 1,
         )
         self._plan: StepPlan | None = None  # the plan of the step at hand, built when its generation starts
         self._capture: loss.LossCapture | None = None  # the micro-batch inside TRL's loss, on steps with feedback

@@ -4,6 +4,9 @@
 pool). ``multiprocess_run.py MODEL OUT GROUPING``: one run with that advantage grouping (scale_rewards=batch,
 so the baseline spans both processes); each process writes, per step, its own rows' advantages and the gathered
 rewards and feedback flags, for the test to compare with one process's computation on the same rollouts.
+``multiprocess_run.py MODEL OUT uneven``: ``feedback_trigger unsolved`` with ``feedback_source reference``, where
+rank 0's groups all count as solved and rank 1's as failed, so only rank 1 has feedback rows to generate; each
+process writes how many feedback rows it generated per step.
 """
 
 from __future__ import annotations
@@ -64,10 +67,36 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
     )
 
 
+def uneven_triggers(model_dir: Path, out: Path) -> None:
+    trainer = make_trainer(
+        model_dir,
+        out,
+        "uneven",
+        max_steps=2,
+        per_device_train_batch_size=4,
+        feedback_trigger="unsolved",
+        feedback_source="reference",
+        summaries_per_group=0,
+    )
+    rank = trainer.accelerator.process_index
+    trainer._model_io.score = lambda rows: [rank == 0] * len(rows)  # rank 0 solves everything, rank 1 nothing
+    steps, after = [], trainer._after_rollouts
+
+    def record(output):
+        after(output)
+        steps.append(sum(r.has_feedback for r in trainer._rows))
+
+    trainer._after_rollouts = record
+    trainer.train()
+    (out / f"uneven-rank{rank}.json").write_text(json.dumps({"feedback_rows": steps}))
+
+
 if __name__ == "__main__":
     model, output = Path(sys.argv[1]), Path(sys.argv[2])
     output.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 3:
+    if len(sys.argv) > 3 and sys.argv[3] == "uneven":
+        uneven_triggers(model, output)
+    elif len(sys.argv) > 3:
         advantages(model, output, sys.argv[3])
     else:
         pool_digest(model, output)
