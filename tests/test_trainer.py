@@ -770,6 +770,68 @@ def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_f
     assert samples and (share == 0 or any(s["feedback"] for s in samples))
 
 
+@given(steps=st.lists(st.tuples(st.booleans(), st.integers(0, 6)), min_size=1, max_size=8))
+def test_unsolved_summaries_ride_in_the_feedback_phase_and_a_quiet_step_generates_only_grpos_rows(steps):
+    """feedback_trigger unsolved, any sequence of steps (each: whether its groups solved their problems, how many
+    new trials it hands on): a step where every group solved makes one call, the rows' plain prompts alone, while
+    no more trials wait than the batch has rows; summaries ride in the feedback call; no trial is lost or doubled."""
+    from collections import Counter
+
+    from lanpo import rollout
+    from lanpo.feedback import AbstractionSource, ReflectionSource
+    from lanpo.pool.retrieval import Retriever
+    from lanpo.pool.store import ExperiencePool
+    from lanpo.summarize import Trial
+
+    summary_prompt, row_count = [4, 5, 6], 8
+    calls = []
+
+    def generate_ids(ids):
+        calls.append(ids)
+        return [[90, 0] if p[:3] == summary_prompt else list(range(10, 30)) for p in ids], None
+
+    solved = [True]
+    model = rollout.RolloutModel(
+        tokenize=lambda prompts: [[1, 2, 3, 7] for _ in prompts],
+        tokenize_summary=lambda messages: list(summary_prompt),
+        generate_ids=generate_ids,
+        decode=lambda ids: " ".join(f"w{i}" for i in ids),
+        summary_max_length=50,
+        max_new_tokens=20,
+        stop_ids=frozenset({0}),
+        score=lambda rows: [solved[0]] * len(rows),
+    )
+    pool = ExperiencePool(":memory:")
+    sources = {
+        "abstraction": AbstractionSource(Retriever(pool, "bm25", gamma=0.0)),
+        "reflection": ReflectionSource(pool, "auto"),
+    }
+    plan = LanpoConfig(
+        output_dir="unused", num_generations=4, feedback_ratio=0.5, feedback_trigger="unsolved", use_cpu=True
+    ).step_plan(0)
+    pending, made = [], 0
+    for step, (all_solved, new_trials) in enumerate(steps):
+        solved[0] = all_solved
+        calls.clear()
+        rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * row_count, 4)
+        before = list(pending)
+        context = rollout.StepContext(plan, sources, pending, Counter(), Counter())
+        _, finished, carried = rollout.unsolved_rollout(rows, [[1, 2, 3]] * row_count, 4, model, context)
+        riding = [[p for p in call if p[:3] == summary_prompt] for call in calls]
+        if all_solved and len(before) <= row_count:
+            assert calls == [[[1, 2, 3]] * row_count], "a quiet step generates GRPO's batch alone"
+            assert carried == before and not finished
+        elif not all_solved and len(before) <= row_count:
+            assert len(calls) == 2 and riding[0] == [] and len(riding[1]) == len(before)
+            assert [1, 2, 3, 7] in calls[1] and [1, 2, 3] not in calls[1]  # the feedback rows' call
+        else:  # a backlog rides in the plain rollout
+            assert len(riding[0]) == len(before)
+        assert sorted(id(t) for t in before) == sorted(id(t) for t in [t for t, _ in finished] + carried)
+        pending = carried + [Trial("p", "1 + 1", f"try {made + k}", k % 2 == 0, gold="2") for k in range(new_trials)]
+        made += new_trials
+        assert len(pending) <= row_count + 6
+
+
 def test_unsolved_trigger_at_p_t_zero_is_exactly_the_plain_rollout(tiny_model_dir, tmp_path):
     runs = []
     for name, trigger in (("a", "always"), ("b", "unsolved")):  # each built then trained: the seed is set at build

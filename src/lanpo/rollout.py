@@ -13,7 +13,8 @@ A batch holds whole groups of G rows of one problem each. Per group (:attr:`lanp
 whose context is ready, together with the summary prompts of earlier trials (:mod:`lanpo.summarize`: summaries
 ride along and cost no sequential generation of their own); phase B generates the rows whose source waited for
 this step's scratch attempts (reflection on this step's rollouts). ``unsolved`` (:func:`unsolved_rollout`):
-GRPO's rollout first, then feedback only for groups that failed. Nothing here imports TRL: the model is reached
+GRPO's rollout first, then feedback only for groups that failed, with the summaries riding in that second phase
+(a step where every group solved its problem generates what GRPO's does). Nothing here imports TRL: the model is reached
 through the callables of :class:`RolloutModel`.
 """
 
@@ -299,8 +300,13 @@ def unsolved_rollout(
     for row, ids in zip(rows, plain_ids):
         row.kind = "scratch"
         row.plain_ids = ids
-    summaries = _generate_with_summaries(model, rows, context.pending, list(range(len(rows))), timer)
-    finished, carried = continue_summaries(model, context.pending, summaries)
+    pending = context.pending
+    # The summaries ride in the feedback phase, which runs only where a group failed: on a step where none did they
+    # wait, so such a step costs what GRPO's does, unless more wait than the batch has rows (then they ride in the
+    # plain rollout, as they do where feedback rows have a length limit of their own).
+    wait = model.feedback_ids is None and len(pending) <= len(rows)
+    summaries = _generate_with_summaries(model, rows, [] if wait else pending, list(range(len(rows))), timer)
+    finished, carried = continue_summaries(model, [] if wait else pending, summaries)
     right = model.score(rows)
     attempts: dict[int, list[str]] = {}
     for s in range(0, len(rows), g):
@@ -321,8 +327,14 @@ def unsolved_rollout(
         ask_sources(rows, g, context, attempts=attempts)
         phase_b = [i for i, r in enumerate(rows) if r.has_feedback]
         _tokenize_contexts(model, [rows[i] for i in phase_b])
-    with _timed(timer, "generate"):  # every process calls: another one's groups may have failed
-        _generate(model, rows, [], phase_b, feedback=True)
+    if wait and phase_b:
+        summaries = _generate_with_summaries(model, rows, pending, phase_b, timer)
+        finished, carried = continue_summaries(model, pending, summaries)
+    else:
+        with _timed(timer, "generate"):  # every process calls: another one's groups may have failed
+            _generate(model, rows, [], phase_b, feedback=True)
+        if wait:
+            carried = list(pending)  # no feedback phase here: they wait for the next one
     escalate_hints(rows, g, model, context)
     return _output(rows, context.plan.objective.keeps_context), finished, carried
 
