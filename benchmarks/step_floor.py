@@ -25,6 +25,10 @@ Settings (``--setting``):
 * ``verdict``: ``configs/experiments/verdict.yaml``'s step (4 problems × 8 rollouts of builtin:arith levels 1-3,
   fp32 weights with bf16 autocast, vLLM colocate when vLLM is installed: run it with ``.venv-vllm/bin/python``).
 
+On a CUDA machine the arms train on the GPU (``--device cuda``, the default where one is visible; fp32 weights and
+bf16 autocast as on the CPU, no gradient checkpointing), every timer synchronizes the device before it reads the
+clock, and each arm also reports its peak GPU memory (``torch.cuda.max_memory_allocated``).
+
     python benchmarks/step_floor.py --setting embedded [--steps 5] [--arms grpo-trl,grpo,lanpo,unsolved]
     .venv-vllm/bin/python benchmarks/step_floor.py --setting verdict --steps 4
 """
@@ -62,8 +66,16 @@ PARTS = (
 )
 
 
-def settings(setting: str, out: str, steps: int, arm: str) -> list[str]:
+def sync() -> None:
+    """Wait for the GPU's queued work, so a clock read after it counts that work (a no-op on a CPU)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") -> list[str]:
     cli = ["--output_dir", out, "--max_steps", str(steps), "--disable_tqdm", "true", "--logging_steps", "1"]
+    if device == "cuda":
+        cli += ["--use_cpu", "false", "--gradient_checkpointing", "false"]
     cli += ["--save_strategy", "steps", "--save_steps", str(steps), "--eval_every", "0"]  # one checkpoint, timed
     if setting == "verdict":
         cli += [
@@ -102,10 +114,12 @@ class Clock:
 
         def timed(name_of, function):
             def wrapper(*args, **kwargs):
+                sync()
                 start = time.perf_counter()
                 try:
                     return function(*args, **kwargs)
                 finally:
+                    sync()
                     name = name_of(*args, **kwargs)
                     if name:
                         clock.parts[name] += time.perf_counter() - start
@@ -140,9 +154,11 @@ class Clock:
 
         class Steps(TrainerCallback):
             def on_pre_optimizer_step(self, *args, **kwargs):
+                sync()
                 clock.parts["_optimizer_start"] = time.perf_counter()
 
             def on_optimizer_step(self, *args, **kwargs):
+                sync()
                 clock.parts["optimizer"] += time.perf_counter() - clock.parts.pop("_optimizer_start")
 
             def on_step_end(self, *args, **kwargs):
@@ -176,8 +192,10 @@ def floor(trainer, batch: dict, repeats: int = 1) -> dict[str, float]:
     def fastest(function):
         times = []
         for _ in range(repeats):
+            sync()
             start = time.perf_counter()
             function()
+            sync()
             times.append(time.perf_counter() - start)
         return min(times)
 
@@ -189,13 +207,13 @@ def floor(trainer, batch: dict, repeats: int = 1) -> dict[str, float]:
     }
 
 
-def run_arm(setting: str, arm: str, steps: int, out: str) -> dict:
+def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -> dict:
     from lanpo.commands.train import parse, set_model_dtype
     from lanpo.data.loaders import load_problems, to_prompt_dataset
     from lanpo.engine.models import load_tokenizer, resolve_model_path, size_cpu_threads
     from lanpo.trainer import LanpoTrainer
 
-    train_args, model_args, config = parse(settings(setting, out, steps, arm))
+    train_args, model_args, config = parse(settings(setting, out, steps, arm, device))
     size_cpu_threads()  # as `lanpo train` does
     set_model_dtype(config, model_args)
     model_path = resolve_model_path(model_args.model_name_or_path)
@@ -226,6 +244,8 @@ def run_arm(setting: str, arm: str, steps: int, out: str) -> dict:
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "use_vllm": bool(config.use_vllm),
     }
+    if device == "cuda":
+        result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if clock.floors:
         result["floor"] = clock.floors
     return result
@@ -248,6 +268,7 @@ def summarize(runs: dict[str, dict]) -> dict:
             "parts_median_s": parts,
             "checkpoint_s": [round(t, 2) for t in run["checkpoint_s"]],
             "peak_rss_gib": round(run["peak_rss_gib"], 2),
+            **({"peak_gpu_gib": round(run["peak_gpu_gib"], 2)} if "peak_gpu_gib" in run else {}),
             "feedback_share": run["feedback_share"],
             "triggered_share": run["triggered_share"],
             "mean_completion_tokens": median([t for t in run["completion_tokens"][later] if t is not None]),
@@ -314,7 +335,9 @@ def summarize(runs: dict[str, dict]) -> dict:
                 ratios[f"{arm} / grpo-trl"] = round(
                     report[arm]["median_step_s"] / report["grpo-trl"]["median_step_s"], 3
                 )
-        ratios["peak RSS GiB, grpo-trl -> grpo"] = [report["grpo-trl"]["peak_rss_gib"], report["grpo"]["peak_rss_gib"]]
+        for memory in ("peak_rss_gib", "peak_gpu_gib"):
+            if memory in report["grpo"]:
+                ratios[f"{memory}, grpo-trl -> grpo"] = [report["grpo-trl"][memory], report["grpo"][memory]]
     report["ratios"] = ratios
     return report
 
@@ -324,11 +347,17 @@ def main() -> None:
     parser.add_argument("--setting", choices=("embedded", "verdict"), default="embedded")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the arms train (default: cuda where a GPU is visible)",
+    )
     parser.add_argument("--_one", nargs=2, metavar=("ARM", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
         arm, out = args._one
-        print("RESULT " + json.dumps(run_arm(args.setting, arm, args.steps, out)), flush=True)
+        print("RESULT " + json.dumps(run_arm(args.setting, arm, args.steps, out, args.device)), flush=True)
         return
     arms = args.arms.split(",")
     unknown = set(arms) - set(ARMS)
@@ -346,6 +375,8 @@ def main() -> None:
                 args.setting,
                 "--steps",
                 str(args.steps),
+                "--device",
+                args.device,
                 "--_one",
                 arm,
                 out,
@@ -359,8 +390,9 @@ def main() -> None:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     vllm = next(iter(runs.values()))["use_vllm"]
+    gpu = f", {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}",
         "setting": args.setting,
         "generation": "vLLM colocate" if vllm else "transformers",
         "steps": f"{args.steps} per arm, medians over steps 2..{args.steps}, arms one after another",
