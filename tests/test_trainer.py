@@ -810,7 +810,7 @@ def test_unsolved_summaries_ride_in_the_feedback_phase_and_a_quiet_step_generate
         output_dir="unused", num_generations=4, feedback_ratio=0.5, feedback_trigger="unsolved", use_cpu=True
     ).step_plan(0)
     pending, made = [], 0
-    for step, (all_solved, new_trials) in enumerate(steps):
+    for all_solved, new_trials in steps:
         solved[0] = all_solved
         calls.clear()
         rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * row_count, 4)

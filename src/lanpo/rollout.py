@@ -14,8 +14,8 @@ whose context is ready, together with the summary prompts of earlier trials (:mo
 ride along and cost no sequential generation of their own); phase B generates the rows whose source waited for
 this step's scratch attempts (reflection on this step's rollouts). ``unsolved`` (:func:`unsolved_rollout`):
 GRPO's rollout first, then feedback only for groups that failed, with the summaries riding in that second phase
-(a step where every group solved its problem generates what GRPO's does). Nothing here imports TRL: the model is reached
-through the callables of :class:`RolloutModel`.
+(a step where every group solved its problem generates what GRPO's does). Nothing here imports TRL: the model is
+reached through the callables of :class:`RolloutModel`.
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ def unsolved_rollout(
 ) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
     """``feedback_trigger="unsolved"``: feedback only where plain rollouts give GRPO no signal.
 
-    Phase A is GRPO's rollout: every row from its plain prompt (with the summaries riding along). A group whose
+    Phase A is GRPO's rollout: every row from its plain prompt (the summaries ride in phase B). A group whose
     pass rate is at most the plan's ``trigger_pass_rate`` is triggered: ``plan.group.feedback`` of its failed rows
     (as many as failed, if fewer) are planned as feedback, ``plan.group.reflection`` of them reflections on the
     group's own failed attempts (so the context shows an attempt known to be wrong: reward information, unlike
