@@ -305,8 +305,9 @@ def unsolved_rollout(
     # wait, so such a step costs what GRPO's does, unless more wait than the batch has rows (then they ride in the
     # plain rollout, as they do where feedback rows have a length limit of their own).
     wait = model.feedback_ids is None and len(pending) <= len(rows)
-    summaries = _generate_with_summaries(model, rows, [] if wait else pending, list(range(len(rows))), timer)
-    finished, carried = continue_summaries(model, [] if wait else pending, summaries)
+    riding = [] if wait else pending
+    summaries = _generate_with_summaries(model, rows, riding, list(range(len(rows))), timer)
+    finished, carried = continue_summaries(model, riding, summaries)
     right = model.score(rows)
     attempts: dict[int, list[str]] = {}
     for s in range(0, len(rows), g):

@@ -113,8 +113,8 @@ class Execution:
         return self.passed / self.total if self.total else 0.0
 
 
-# The trusted runner: it runs inside the sandbox, reads its job from stdin and reports on the descriptor it names. Kept free of any
-# import beyond the standard library, and compatible with the sandbox interpreter (Python >= 3.8).
+# The trusted runner: it runs inside the sandbox, reads its job from stdin and reports on the descriptor it names.
+# Kept free of any import beyond the standard library, and compatible with the sandbox interpreter (Python >= 3.8).
 RUNNER = r"""
 import json, os, sys
 def main():
