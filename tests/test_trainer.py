@@ -320,7 +320,7 @@ def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
     assert max(steps) == 3
 
 
-def _launch_two_processes(model_dir, out, *extra) -> Path:
+def _launch_two_processes(model_dir, out, *extra, timeout=600) -> Path:
     script = Path(__file__).parent / "helpers" / "multiprocess_run.py"
     cmd = [
         *accelerate_launch(2),
@@ -329,7 +329,7 @@ def _launch_two_processes(model_dir, out, *extra) -> Path:
         str(out),
         *extra,
     ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     reports = [out / (f"{extra[0]}-rank{r}.json" if extra else f"rank{r}.json") for r in (0, 1)]
     teardown_abort = "terminate called without an active exception" in result.stderr
     # gloo sometimes aborts a process at exit, after the run is over: a launch whose processes all wrote their
@@ -379,6 +379,17 @@ def test_two_processes_where_only_one_has_feedback_rows_both_finish(tiny_model_d
     ranks = [json.loads((out / f"uneven-rank{r}.json").read_text())["feedback_rows"] for r in (0, 1)]
     assert ranks[0] == [0, 0]
     assert len(ranks[1]) == 2 and all(n > 0 for n in ranks[1])
+
+
+@pytest.mark.slow
+def test_two_processes_where_only_one_asks_the_llm_judge_both_finish(tiny_model_dir, tmp_path):
+    """The LLM relevance judge's forwards are collective on several processes (its batches pad to the widest
+    process): a process with no abstraction rows (its groups all solved, feedback_trigger unsolved) still joins the
+    judge of one whose groups failed, where it used to skip it and leave the other waiting at the gather."""
+    out = _launch_two_processes(tiny_model_dir, tmp_path / "judge", "uneven-judge", timeout=300)
+    ranks = [json.loads((out / f"uneven-judge-rank{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["feedback_rows"] == [0, 0] and ranks[0]["kinds"] == ["scratch"]
+    assert all(n > 0 for n in ranks[1]["feedback_rows"]) and "abstraction" in ranks[1]["kinds"]
 
 
 @pytest.mark.parametrize("mode", ["strip", "strip-sequence", "shaped", "unweighted"])

@@ -6,7 +6,9 @@ so the baseline spans both processes); each process writes, per step, its own ro
 rewards and feedback flags, for the test to compare with one process's computation on the same rollouts.
 ``multiprocess_run.py MODEL OUT uneven``: ``feedback_trigger unsolved`` with ``feedback_source reference``, where
 rank 0's groups all count as solved and rank 1's as failed, so only rank 1 has feedback rows to generate; each
-process writes how many feedback rows it generated per step.
+process writes how many feedback rows it generated per step. ``multiprocess_run.py MODEL OUT uneven-judge``: the
+same with the default source (reflection and abstraction) and the LLM relevance judge, whose forwards every process
+must join.
 """
 
 from __future__ import annotations
@@ -67,17 +69,17 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
     )
 
 
-def uneven_triggers(model_dir: Path, out: Path) -> None:
-    trainer = make_trainer(
-        model_dir,
-        out,
-        "uneven",
-        max_steps=2,
-        per_device_train_batch_size=4,
-        feedback_trigger="unsolved",
-        feedback_source="reference",
-        summaries_per_group=0,
+def uneven_triggers(model_dir: Path, out: Path, name: str) -> None:
+    source = (
+        dict(feedback_source="reference", summaries_per_group=0)
+        if name == "uneven"
+        else dict(feedback_source="self", relevance_scorer="llm")
     )
+    trainer = make_trainer(
+        model_dir, out, name, max_steps=2, per_device_train_batch_size=4, feedback_trigger="unsolved", **source
+    )
+    if name != "uneven":
+        stub_summaries(trainer)
     rank = trainer.accelerator.process_index
     trainer._model_io.score = lambda rows: [rank == 0] * len(rows)  # rank 0 solves everything, rank 1 nothing
     steps, after = [], trainer._after_rollouts
@@ -88,14 +90,15 @@ def uneven_triggers(model_dir: Path, out: Path) -> None:
 
     trainer._after_rollouts = record
     trainer.train()
-    (out / f"uneven-rank{rank}.json").write_text(json.dumps({"feedback_rows": steps}))
+    kinds = sorted({r.kind for r in trainer._rows})
+    (out / f"{name}-rank{rank}.json").write_text(json.dumps({"feedback_rows": steps, "kinds": kinds}))
 
 
 if __name__ == "__main__":
     model, output = Path(sys.argv[1]), Path(sys.argv[2])
     output.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 3 and sys.argv[3] == "uneven":
-        uneven_triggers(model, output)
+    if len(sys.argv) > 3 and sys.argv[3].startswith("uneven"):
+        uneven_triggers(model, output, sys.argv[3])
     elif len(sys.argv) > 3:
         advantages(model, output, sys.argv[3])
     else:

@@ -53,6 +53,12 @@ class AbstractionSource(FeedbackSource):
         self.retriever = retriever
         self.judge = judge
 
+    @property
+    def collective(self) -> bool:
+        """An LLM judge on several processes runs forwards that every process must join (its batches are padded to
+        the widest process): then every process asks once a step, with or without abstraction rows of its own."""
+        return getattr(self.retriever.scorer, "sync_batches", None) is not None
+
     @classmethod
     def for_run(cls, kit: SourceKit) -> AbstractionSource:
         return cls(kit.retriever, kit.judge)

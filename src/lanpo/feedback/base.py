@@ -45,7 +45,8 @@ class FeedbackSource:
 
     kind: ClassVar[str]
     privileged: ClassVar[bool] = False  # built from a worked solution or the gold answer (training only)
-    collective: ClassVar[bool] = False  # generates: every process asks it once a step, with or without groups
+    # runs collective work (generation, a judge's forwards): every process asks it once a step, with or without groups
+    collective: ClassVar[bool] = False
     leveled: ClassVar[bool] = False  # its contexts come at hint levels (FeedbackRequest.level; escalation)
 
     @classmethod
