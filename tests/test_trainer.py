@@ -385,7 +385,7 @@ def test_two_processes_where_only_one_has_feedback_rows_both_finish(tiny_model_d
 def test_two_processes_where_only_one_asks_the_llm_judge_both_finish(tiny_model_dir, tmp_path):
     """The LLM relevance judge's forwards are collective on several processes (its batches pad to the widest
     process): a process with no abstraction rows (its groups all solved, feedback_trigger unsolved) still joins the
-    judge of one whose groups failed, where it used to skip it and leave the other waiting at the gather."""
+    judge of one whose groups failed, where it used to skip it, so the other's gather met a different one (a crash)."""
     out = _launch_two_processes(tiny_model_dir, tmp_path / "judge", "uneven-judge", timeout=300)
     ranks = [json.loads((out / f"uneven-judge-rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["feedback_rows"] == [0, 0] and ranks[0]["kinds"] == ["scratch"]

@@ -133,7 +133,7 @@ def ask_sources(
                 waiting.add((s, kind))
             else:
                 asked.append((wanted, request))
-        if asked or (source.collective and only is None):  # a generating source: every process asks it once
+        if asked or (source.collective and only is None):  # collective work: every process asks it once
             _apply(asked, source.contexts([request for _, request in asked], context.counts))
     return waiting
 

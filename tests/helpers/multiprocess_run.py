@@ -69,16 +69,18 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
     )
 
 
+# The uneven-trigger launches: rank 0's groups all solve, rank 1's all fail, with these sources.
+UNEVEN = {
+    "uneven": dict(feedback_source="reference", summaries_per_group=0),
+    "uneven-judge": dict(feedback_source="self", relevance_scorer="llm"),
+}
+
+
 def uneven_triggers(model_dir: Path, out: Path, name: str) -> None:
-    source = (
-        dict(feedback_source="reference", summaries_per_group=0)
-        if name == "uneven"
-        else dict(feedback_source="self", relevance_scorer="llm")
-    )
     trainer = make_trainer(
-        model_dir, out, name, max_steps=2, per_device_train_batch_size=4, feedback_trigger="unsolved", **source
+        model_dir, out, name, max_steps=2, per_device_train_batch_size=4, feedback_trigger="unsolved", **UNEVEN[name]
     )
-    if name != "uneven":
+    if trainer.args.summaries_per_group:
         stub_summaries(trainer)
     rank = trainer.accelerator.process_index
     trainer._model_io.score = lambda rows: [rank == 0] * len(rows)  # rank 0 solves everything, rank 1 nothing
@@ -97,7 +99,7 @@ def uneven_triggers(model_dir: Path, out: Path, name: str) -> None:
 if __name__ == "__main__":
     model, output = Path(sys.argv[1]), Path(sys.argv[2])
     output.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 3 and sys.argv[3].startswith("uneven"):
+    if len(sys.argv) > 3 and sys.argv[3] in UNEVEN:
         uneven_triggers(model, output, sys.argv[3])
     elif len(sys.argv) > 3:
         advantages(model, output, sys.argv[3])

@@ -55,9 +55,9 @@ class AbstractionSource(FeedbackSource):
 
     @property
     def collective(self) -> bool:
-        """An LLM judge on several processes runs forwards that every process must join (its batches are padded to
-        the widest process): then every process asks once a step, with or without abstraction rows of its own."""
-        return getattr(self.retriever.scorer, "sync_batches", None) is not None
+        """Where the relevance scorer's work is collective (the LLM judge on several processes), every process asks
+        once a step, with or without abstraction rows of its own."""
+        return self.retriever.scorer.collective
 
     @classmethod
     def for_run(cls, kit: SourceKit) -> AbstractionSource:

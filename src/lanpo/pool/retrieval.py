@@ -32,6 +32,7 @@ class RelevanceScorer:
     """Scores how relevant pool entries are to a problem, each in [0, 1]."""
 
     name = "base"
+    collective = False  # its scoring is work every process must join (then every process scores once a step)
 
     def score(self, problem: str, entries: Sequence[PoolEntry], bm25: Sequence[float]) -> list[float]:
         raise NotImplementedError
@@ -125,6 +126,10 @@ class LLMJudgeScorer(RelevanceScorer):
         self.no_ids = self._first_tokens(["No", " No", "no", " no", "NO"])
         if not self.yes_ids or not self.no_ids or set(self.yes_ids) & set(self.no_ids):
             raise ValueError("The judge's tokenizer cannot tell 'Yes' from 'No' by their first token.")
+
+    @property
+    def collective(self) -> bool:
+        return self.sync_batches is not None
 
     def _first_tokens(self, words: list[str]) -> list[int]:
         """First token of each spelling, skipping spellings whose first token is bare whitespace."""
