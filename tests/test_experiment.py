@@ -691,3 +691,76 @@ def test_the_verdict_writer_replaces_the_file_at_once(tmp_path, monkeypatch):
         write_section(path, "g", "| table |\n", kind="verdict")
     assert path.read_text() == "my notes\n" * 1000
     assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
+
+
+def _finished_cell(grid, arm, seed, evals, config=None):
+    """A cell finished in OUT as `lanpo train` and the runner leave one, without training."""
+    run = grid.run_dir(arm, seed)
+    run.mkdir(parents=True)
+    rows = [
+        {"step": s, "eval/arith/zero-shot/mean@2": v, **({"step_time": 5.0} if s else {})} for s, v in evals.items()
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "config.yaml").write_text(yaml.safe_dump(grid.config(arm, seed)))
+    record = {"arm": arm, "seed": seed, "config": config or experiment.config_hash(grid.config(arm, seed))}
+    (run / "cell.json").write_text(json.dumps(record) + "\n")
+
+
+def test_a_recorded_grid_needs_no_out_to_skip_its_cells_or_write_its_tables(tmp_path, monkeypatch):
+    grid_file = tiny_grid(tmp_path, tmp_path / "no-model", record=str(tmp_path / "record"))
+    grid = load_grid(grid_file)
+    for seed, lanpo in ((0, 0.35), (1, 0.25)):
+        _finished_cell(grid, "grpo", seed, {0: 0.2, 1: 0.3, 2: 0.4})
+        _finished_cell(grid, "lanpo", seed, {0: 0.2, 1: lanpo, 2: lanpo + 0.1})
+    assert main(["experiment", str(grid_file), "--table-only"]) == 0  # records the cells OUT finished
+    for arm, seed in grid.cells():
+        kept = grid.record_dir(arm, seed)
+        assert sorted(p.name for p in kept.iterdir()) == ["cell.json", "config.yaml", "metrics.jsonl"]
+        assert (kept / "metrics.jsonl").read_bytes() == (grid.run_dir(arm, seed) / "metrics.jsonl").read_bytes()
+    tables = [(grid.out / name).read_text() for name in ("results.md", "verdict.md")]
+    shutil.rmtree(grid.out)  # another machine, another sitting: the scratch space is gone
+    ran = []
+    monkeypatch.setattr(experiment, "run_cell", lambda g, arm, seed, *a: ran.append((arm, seed)) or True)
+    assert main(["experiment", str(grid_file)]) == 0
+    assert ran == []  # every cell complete by its record
+    assert [(grid.out / name).read_text() for name in ("results.md", "verdict.md")] == tables
+
+
+def test_a_cell_recorded_with_another_config_is_refused_and_an_unrecorded_one_runs(tmp_path, monkeypatch):
+    grid_file = tiny_grid(tmp_path, tmp_path / "no-model", record=str(tmp_path / "record"), seeds=[0])
+    grid = load_grid(grid_file)
+    _finished_cell(grid, "grpo", 0, {0: 0.2, 1: 0.3}, config="0123456789abcdef")
+    assert experiment.record_cell(grid, "grpo", 0) and not experiment.record_cell(grid, "grpo", 0)  # once
+    shutil.rmtree(grid.out)
+    assert experiment.cell_state(grid, "grpo", 0) == "changed"
+    assert experiment.cell_state(grid, "lanpo", 0) == "new"
+    with pytest.raises(GridError, match="grpo/seed-0"):
+        experiment.run_grid(grid)
+    ran = []
+    monkeypatch.setattr(experiment, "run_cell", lambda g, arm, seed, *a: ran.append((arm, seed)) or True)
+    monkeypatch.setattr(experiment, "validate", lambda g, cells: None)
+    experiment.run_grid(grid, arms=["lanpo"])
+    assert ran == [("lanpo", 0)]
+
+
+def test_a_cell_that_finishes_is_recorded_and_a_grid_without_a_record_writes_none(tmp_path):
+    for record in (None, tmp_path / "record"):
+        extra = {"record": str(record)} if record else {}
+        grid = load_grid(tiny_grid(tmp_path, tmp_path / "no-model", out=str(tmp_path / f"out-{bool(record)}"), **extra))
+        _finished_cell(grid, "grpo", 0, {0: 0.2, 1: 0.3})
+        assert experiment.record_cell(grid, "grpo", 0) is bool(record)
+        assert experiment.record_cell(grid, "lanpo", 0) is False  # nothing finished
+        assert grid.result_dir("grpo", 0) == grid.run_dir("grpo", 0)  # OUT first while it holds the run
+    assert sorted(p.name for p in (tmp_path / "record").rglob("*") if p.is_file()) == [
+        "cell.json",
+        "config.yaml",
+        "metrics.jsonl",
+    ]
+
+
+def test_the_record_is_the_grids_own_and_never_inherited(tmp_path):
+    parent = tiny_grid(tmp_path, tmp_path / "no-model", record="results/tiny")
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({"name": "child", "extends": parent.name}))
+    assert load_grid(parent).record == Path("results/tiny")
+    assert load_grid(child).record is None

@@ -25,6 +25,14 @@ marked section of another file) compares the held-out ``eval/...mean@k`` that tr
 steps, over seeds, at equal steps and at equal wall-clock (statistics: :mod:`lanpo.experiments.stats`);
 ``OUT/results.png`` plots both. ``OUT/verdict.md`` (optionally also a marked section of another file) is the
 one-screen summary: each arm against the reference at the last eval step and at equal wall-clock.
+
+``OUT`` is scratch space: checkpoints, models and pools, gigabytes a grid, on one machine. A grid that takes more
+sittings than one machine keeps names a ``record`` folder (``record: results/NAME``, kept under version control):
+each finished cell's evidence (``cell.json``, ``metrics.jsonl`` and the run's resolved ``config.yaml``, a few
+hundred KB) is copied there as the cell finishes, and every run of the grid, ``--table-only`` too, copies any
+finished cell the record lacks. A cell recorded with the config the grid gives it now is complete wherever ``OUT``
+is, and the tables read it from the record when ``OUT`` lacks it; recorded with another config, it is refused
+like a changed cell in ``OUT``.
 """
 
 from __future__ import annotations
@@ -52,7 +60,8 @@ from lanpo.experiments.stats import (
     write_section,
 )
 
-GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out"}
+GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out", "record"}
+RECORDED = (COMPLETE, "metrics.jsonl", "config.yaml")  # a finished cell's evidence, copied to the grid's record
 
 
 class GridError(ValueError):
@@ -68,9 +77,20 @@ class Grid:
     reference: str
     base: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
+    record: Path | None = None
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out / arm / f"seed-{seed}"
+
+    def record_dir(self, arm: str, seed: int) -> Path | None:
+        return self.record / arm / f"seed-{seed}" if self.record is not None else None
+
+    def result_dir(self, arm: str, seed: int) -> Path:
+        """Where the cell's results are read: its run in OUT, or its record when OUT holds no finished run."""
+        run, kept = self.run_dir(arm, seed), self.record_dir(arm, seed)
+        if not (run / COMPLETE).is_file() and kept is not None and (kept / COMPLETE).is_file():
+            return kept
+        return run
 
     def config(self, arm: str, seed: int) -> dict:
         return {
@@ -88,7 +108,7 @@ class Grid:
 def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """The grid file's mapping, with ``base`` made absolute and ``extends`` resolved: the extended grid's base,
     settings, seeds, reference and arms, this file's settings merged over its settings and its other keys over the
-    rest (name and out are never inherited: two grids must not share run directories)."""
+    rest (name, out and record are never inherited: two grids must not share run directories or records)."""
     try:
         spec = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as error:
@@ -110,7 +130,7 @@ def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise GridError(f"{path}: extends {parent}, which extends it back.")
     if not parent.is_file():
         raise GridError(f"{path}: the grid it extends, {parent}, does not exist.")
-    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out"}}
+    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out", "record"}}
     settings = {**(inherited.get("settings") or {}), **(spec.get("settings") or {})}
     return {**inherited, **spec, "settings": settings}
 
@@ -153,6 +173,7 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
         reference,
         base,
         dict(spec.get("settings") or {}),
+        Path(spec["record"]) if spec.get("record") else None,
     )
 
 
@@ -160,21 +181,26 @@ def config_hash(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def _recorded_hash(done: Path) -> str:
+    try:
+        record = json.loads(done.read_text(encoding="utf-8"))
+        config = record.get("config") if isinstance(record, dict) else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        config = None
+    if not isinstance(config, str):
+        raise GridError(f"{done} is not a cell record (it holds no config hash): delete it to run the cell again.")
+    return config
+
+
 def cell_state(grid: Grid, arm: str, seed: int) -> str:
-    """complete | changed (done with another config) | resume (a checkpoint to continue) | new."""
+    """complete | changed (done with another config) | resume (a checkpoint to continue) | new. A cell is done
+    when its run in OUT or, where OUT holds no finished run, the grid's record says so."""
     from lanpo.commands.train import resume_target
 
     run = grid.run_dir(arm, seed)
-    done = run / COMPLETE
+    done = grid.result_dir(arm, seed) / COMPLETE
     if done.is_file():
-        try:
-            record = json.loads(done.read_text(encoding="utf-8"))
-            config = record.get("config") if isinstance(record, dict) else None
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            config = None
-        if not isinstance(config, str):
-            raise GridError(f"{done} is not a cell record (it holds no config hash): delete it to run the cell again.")
-        return "complete" if config == config_hash(grid.config(arm, seed)) else "changed"
+        return "complete" if _recorded_hash(done) == config_hash(grid.config(arm, seed)) else "changed"
     try:
         resume_target("latest", str(run))
         return "resume"
@@ -258,7 +284,26 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
             json.dumps({"arm": arm, "seed": seed, "config": config_hash(grid.config(arm, seed))}) + "\n"
         )
         drop_checkpoints(run)
+        record_cell(grid, arm, seed)
     return code == 0
+
+
+def record_cell(grid: Grid, arm: str, seed: int) -> bool:
+    """Copy a finished cell's evidence (``RECORDED``) from OUT into the grid's record, each file replaced at once;
+    True when something was copied. Nothing to do without a record, for a cell not finished in OUT, or one whose
+    record already holds the same files."""
+    from lanpo.run.files import write_text_atomic  # here: loading the grid stays free of torch
+
+    run, kept = grid.run_dir(arm, seed), grid.record_dir(arm, seed)
+    if kept is None or not (run / COMPLETE).is_file():
+        return False
+    sources = [run / name for name in RECORDED if (run / name).is_file()]
+    if all((kept / s.name).is_file() and (kept / s.name).read_bytes() == s.read_bytes() for s in sources):
+        return False
+    kept.mkdir(parents=True, exist_ok=True)
+    for source in sorted(sources, key=lambda s: s.name == COMPLETE):  # cell.json last: it marks the rest whole
+        write_text_atomic(kept / source.name, source.read_text(encoding="utf-8"))
+    return True
 
 
 def drop_checkpoints(run: Path) -> None:
@@ -354,6 +399,9 @@ def run_grid(
                 list(pool.map(one, range(1, len(todo) + 1), todo))
     from lanpo.run.files import write_text_atomic  # here: loading the grid stays free of torch
 
+    recorded = [f"{arm}/seed-{seed}" for arm, seed in grid.cells() if record_cell(grid, arm, seed)]
+    if recorded:
+        print(f"recorded in {grid.record}: {', '.join(recorded)}", flush=True)
     results = collect(grid, unfinished)
     table = results_table(grid, results)
     grid.out.mkdir(parents=True, exist_ok=True)

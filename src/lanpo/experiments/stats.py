@@ -45,6 +45,7 @@ class Grid(Protocol):
     reference: str
 
     def run_dir(self, arm: str, seed: int) -> Path: ...
+    def result_dir(self, arm: str, seed: int) -> Path: ...
     def cells(self) -> list[tuple[str, int]]: ...
 
 
@@ -173,13 +174,13 @@ def cell_results(run: Path) -> dict:
 
 
 def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
-    """``{arm: {seed: cell_results}}`` of the complete cells; with ``unfinished``, also of the cells that logged
+    """``{arm: {seed: cell_results}}`` of the complete cells (in OUT, or in the grid's record); with ``unfinished``, also of the cells that logged
     steps but did not finish (stopped, failed or still running), marked ``"unfinished": True``."""
     found: dict[str, dict[int, dict]] = {}
     for arm, seed in grid.cells():
-        run = grid.run_dir(arm, seed)
-        if (run / COMPLETE).is_file():
-            found.setdefault(arm, {})[seed] = cell_results(run)
+        run, done = grid.run_dir(arm, seed), grid.result_dir(arm, seed)
+        if (done / COMPLETE).is_file():
+            found.setdefault(arm, {})[seed] = cell_results(done)
         elif unfinished and (run / "metrics.jsonl").is_file():
             found.setdefault(arm, {})[seed] = {**cell_results(run), "unfinished": True}
     return found
