@@ -280,9 +280,8 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
         with log.open("a") as handle:
             code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     if code == 0:
-        (run / COMPLETE).write_text(
-            json.dumps({"arm": arm, "seed": seed, "config": config_hash(grid.config(arm, seed))}) + "\n"
-        )
+        record = {"arm": arm, "seed": seed, "config": config_hash(grid.config(arm, seed)), "machine": machine()}
+        (run / COMPLETE).write_text(json.dumps(record) + "\n")
         drop_checkpoints(run)
         record_cell(grid, arm, seed)
     return code == 0
@@ -304,6 +303,20 @@ def record_cell(grid: Grid, arm: str, seed: int) -> bool:
     for source in sorted(sources, key=lambda s: s.name == COMPLETE):  # cell.json last: it marks the rest whole
         write_text_atomic(kept / source.name, source.read_text(encoding="utf-8"))
     return True
+
+
+def machine() -> dict:
+    """What ran a cell, kept in its ``cell.json``: a grid filled over several machines pairs its wall-clock
+    figures fairly only between cells of one machine, and a reader of the record should be able to tell."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": os.environ.get("OMP_NUM_THREADS")}
 
 
 def drop_checkpoints(run: Path) -> None:
