@@ -765,3 +765,13 @@ def test_the_record_is_the_grids_own_and_never_inherited(tmp_path):
     child.write_text(yaml.safe_dump({"name": "child", "extends": parent.name}))
     assert load_grid(parent).record == Path("results/tiny")
     assert load_grid(child).record is None
+
+
+def test_a_cells_files_are_recorded_byte_for_byte_even_when_they_are_not_text(tmp_path):
+    grid = load_grid(tiny_grid(tmp_path, tmp_path / "no-model", record=str(tmp_path / "record")))
+    _finished_cell(grid, "grpo", 0, {0: 0.2, 1: 0.3})
+    metrics = grid.run_dir("grpo", 0) / "metrics.jsonl"
+    metrics.write_bytes(metrics.read_bytes() + b'{"step": 2, "note": "\xff\xfe"}\n')  # a torn, undecodable line
+    assert experiment.record_cell(grid, "grpo", 0)
+    assert (grid.record_dir("grpo", 0) / "metrics.jsonl").read_bytes() == metrics.read_bytes()
+    assert not list(grid.record_dir("grpo", 0).glob(".*.tmp"))

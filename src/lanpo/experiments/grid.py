@@ -27,7 +27,7 @@ steps, over seeds, at equal steps and at equal wall-clock (statistics: :mod:`lan
 one-screen summary: each arm against the reference at the last eval step and at equal wall-clock.
 
 ``OUT`` is scratch space: checkpoints, models and pools, gigabytes a grid, on one machine. A grid that takes more
-sittings than one machine keeps names a ``record`` folder (``record: results/NAME``, kept under version control):
+sittings than one machine lasts names a ``record`` folder (``record: results/NAME``, kept under version control):
 each finished cell's evidence (``cell.json``, ``metrics.jsonl`` and the run's resolved ``config.yaml``, a few
 hundred KB) is copied there as the cell finishes, and every run of the grid, ``--table-only`` too, copies any
 finished cell the record lacks. A cell recorded with the config the grid gives it now is complete wherever ``OUT``
@@ -290,9 +290,7 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
 def record_cell(grid: Grid, arm: str, seed: int) -> bool:
     """Copy a finished cell's evidence (``RECORDED``) from OUT into the grid's record, each file replaced at once;
     True when something was copied. Nothing to do without a record, for a cell not finished in OUT, or one whose
-    record already holds the same files."""
-    from lanpo.run.files import write_text_atomic  # here: loading the grid stays free of torch
-
+    record already holds the same files. Bytes are copied as they are (a temporary file renamed over the old)."""
     run, kept = grid.run_dir(arm, seed), grid.record_dir(arm, seed)
     if kept is None or not (run / COMPLETE).is_file():
         return False
@@ -301,7 +299,9 @@ def record_cell(grid: Grid, arm: str, seed: int) -> bool:
         return False
     kept.mkdir(parents=True, exist_ok=True)
     for source in sorted(sources, key=lambda s: s.name == COMPLETE):  # cell.json last: it marks the rest whole
-        write_text_atomic(kept / source.name, source.read_text(encoding="utf-8"))
+        partial = kept / f".{source.name}.tmp"
+        shutil.copyfile(source, partial)
+        os.replace(partial, kept / source.name)
     return True
 
 
