@@ -444,10 +444,7 @@ def test_unfinished_cells_enter_the_table_only_when_asked_and_marked(tmp_path):
     def cell(arm, seed, evals, complete):
         run = out / arm / f"seed-{seed}"
         run.mkdir(parents=True)
-        rows = [
-            {"step": s, "eval/arith/zero-shot/mean@2": v, **({"step_time": 5.0} if s else {})} for s, v in evals.items()
-        ]
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        _write_evals(run, evals)
         if complete:
             (run / "cell.json").write_text("{}")
 
@@ -694,14 +691,19 @@ def test_the_verdict_writer_replaces_the_file_at_once(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["results.md"]
 
 
-def _finished_cell(grid, arm, seed, evals, config=None):
-    """A cell finished in OUT as `lanpo train` and the runner leave one, without training."""
-    run = grid.run_dir(arm, seed)
-    run.mkdir(parents=True)
+def _write_evals(run, evals):
+    """A cell's metrics.jsonl: the held-out mean@2 at each step of ``evals``, 5 s a training step."""
     rows = [
         {"step": s, "eval/arith/zero-shot/mean@2": v, **({"step_time": 5.0} if s else {})} for s, v in evals.items()
     ]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _finished_cell(grid, arm, seed, evals, config=None):
+    """A cell finished in OUT as `lanpo train` and the runner leave one, without training."""
+    run = grid.run_dir(arm, seed)
+    run.mkdir(parents=True)
+    _write_evals(run, evals)
     (run / "config.yaml").write_text(yaml.safe_dump(grid.config(arm, seed)))
     record = {"arm": arm, "seed": seed, "config": config or experiment.config_hash(grid.config(arm, seed))}
     (run / "cell.json").write_text(json.dumps(record) + "\n")

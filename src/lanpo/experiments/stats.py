@@ -174,8 +174,9 @@ def cell_results(run: Path) -> dict:
 
 
 def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
-    """``{arm: {seed: cell_results}}`` of the complete cells (in OUT, or in the grid's record); with ``unfinished``, also of the cells that logged
-    steps but did not finish (stopped, failed or still running), marked ``"unfinished": True``."""
+    """``{arm: {seed: cell_results}}`` of the complete cells (in OUT, or in the grid's record); with
+    ``unfinished``, also of the cells in OUT that logged steps but did not finish (stopped, failed or still
+    running), marked ``"unfinished": True``."""
     found: dict[str, dict[int, dict]] = {}
     for arm, seed in grid.cells():
         run, done = grid.run_dir(arm, seed), grid.result_dir(arm, seed)
