@@ -462,6 +462,73 @@ def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_
     assert calls == [8]  # every row in one batch: no second phase
 
 
+def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_needs_no_second_phase(
+    tiny_model_dir, tmp_path
+):
+    """reflection_source ahead: each step's batch carries plain attempts at the next step's problems (2 a problem:
+    min(reflection, scratch) rows), stored unscored; from the second step on every reflection shows one of them,
+    so a step is one generation call; the loss sees the step's own rows only."""
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=0.5,
+        reflection_share=1.0,
+        reflection_source="ahead",
+        summaries_per_group=0,
+        max_steps=3,
+    )  # 2 problems (G = 4) a step, 4 steps an epoch
+    calls, stored, reflected = [], [], []
+    original, add = trainer._generate_ids, trainer.pool.add_attempts
+    trainer._generate_ids = lambda ids: calls.append((trainer.state.global_step, len(ids))) or original(ids)
+    trainer.pool.add_attempts = lambda attempts: stored.extend(attempts) or add(attempts)
+    rows_seen = trainer._after_rollouts
+
+    def after(output):
+        assert len(output["completion_ids"]) == 8  # attempts ahead never reach TRL's batch
+        reflected.extend(
+            (trainer.state.global_step, r.problem_id, r.context[-1]["content"]) for r in trainer._rows if r.has_feedback
+        )
+        return rows_seen(output)
+
+    trainer._after_rollouts = after
+    trainer.train()
+    assert calls == [(0, 4 + 4), (0, 4), (1, 8 + 4), (2, 8 + 4)]  # step 0 waits for its own attempts
+    assert history(trainer, "lanpo/ahead_attempts") == [4.0, 4.0, 4.0]
+    assert all(t > 0 for t in history(trainer, "time/generate"))  # the step's timers and counters are its own
+    later = [(step, problem_id, context) for step, problem_id, context in reflected if step > 0]
+    assert len(later) == 8
+    for step, problem_id, context in later:  # a problem comes once an epoch: its attempts a step early are ahead's
+        earlier = [a.text for a in stored if a.problem_id == problem_id and a.step == step - 1]
+        assert len(earlier) == 2 and any(text in context for text in earlier)
+
+
+@given(
+    total=st.integers(0, 12),
+    asks=st.lists(st.integers(1, 4), min_size=1, max_size=8),
+    source=st.sampled_from(["ahead", "auto"]),
+)
+def test_pulling_batches_a_step_ahead_loses_and_reorders_nothing(ahead_trainer, total, asks, source):
+    """Whatever the step sizes, the batches handed out are the iterator's, in order; with ahead the next step's
+    batches are held (as many as this step's count, fewer at the end), and a new iterator starts afresh."""
+    trainer = ahead_trainer
+    trainer.args.reflection_source = source
+    for _ in range(2):  # a second epoch: a fresh iterator, nothing carried over
+        batches = iter([{"batch": k} for k in range(total)])
+        handed = []
+        for n in asks:
+            got, _ = trainer.get_batch_samples(batches, n, "cpu")
+            handed += got
+            if source == "ahead":  # held: the next batches, at least as many as this step took where there are
+                rest = [{"batch": k} for k in range(total)][len(handed) :]
+                assert trainer._peeked == rest[: len(trainer._peeked)] and len(trainer._peeked) >= min(n, len(rest))
+        assert handed == [{"batch": k} for k in range(min(total, sum(asks)))]
+
+
+@pytest.fixture(scope="module")
+def ahead_trainer(tiny_model_dir, tmp_path_factory):
+    return make_trainer(tiny_model_dir, tmp_path_factory.mktemp("ahead"), reflection_source="ahead")
+
+
 def _expected_advantages(rewards: torch.Tensor, flags: list[bool], grouping: str, g: int) -> torch.Tensor:
     """The grouping's advantages written out by hand (one reward function, scale_rewards=group)."""
     expected = torch.zeros(len(flags))

@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 # Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
 Schedule = Literal["constant", "linear"]
-ReflectionSource = Literal["auto", "step", "pool"]
+ReflectionSource = Literal["auto", "step", "pool", "ahead"]
 Trigger = Literal["always", "unsolved"]
 FeedbackSourceName = Literal["self", "reference", "gold", "self-hint"]
 HintSchedule = Literal["ladder", "fixed"]
@@ -133,7 +133,9 @@ class LanpoConfig(GRPOConfig):
         default="auto",
         metadata={
             "help": "auto: stored attempts where the problem has some, else this step's; step: this step's scratch "
-            "rollouts (a second generation phase); pool: stored attempts only."
+            "rollouts (a second generation phase); pool: stored attempts only; ahead: as auto, and the next step's "
+            "problems that have none get attempts riding in this step's batch (no second phase after the first "
+            "step: a reflection then shows an attempt written one update earlier)."
         },
     )
 
@@ -314,11 +316,10 @@ class LanpoConfig(GRPOConfig):
             )
         plan = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
         if plan.scratch == 0 and plan.reflection and self.reflection_source != "pool":
-            until = (
-                "in every step: reflection_source step reflects only on this step's scratch rollouts"
-                if self.reflection_source == "step"
-                else "until every problem has attempts in the pool (after the first epoch)"
-            )
+            until = {
+                "step": "in every step: reflection_source step reflects only on this step's scratch rollouts",
+                "ahead": "in the first step (later problems get attempts a step ahead)",
+            }.get(self.reflection_source, "until every problem has attempts in the pool (after the first epoch)")
             logger.warning(
                 "feedback_ratio %s leaves no scratch rollouts in a group of %d: a problem with no stored attempts "
                 "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt, and "
@@ -328,6 +329,13 @@ class LanpoConfig(GRPOConfig):
                 plan.reflection,
                 self.feedback_ratio,
                 until,
+            )
+
+        if self.reflection_source == "ahead" and self.feedback_trigger != "always":
+            logger.warning(
+                "reflection_source ahead attempts the next step's problems for feedback_trigger always only: with %s "
+                "a reflection shows its group's failed attempts of the step, and nothing is attempted ahead.",
+                self.feedback_trigger,
             )
 
     def _check_lanpo_fields(self) -> None:

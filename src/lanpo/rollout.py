@@ -9,13 +9,14 @@ A batch holds whole groups of G rows of one problem each. Per group (:attr:`lanp
    the model's own earlier attempt at the same problem, ungraded. A context that cannot be built leaves the plain
    prompt (a fallback, counted).
 
-``feedback_trigger always`` (:func:`lanpo_rollout`): phase A generates the scratch rows and every feedback row
-whose context is ready, together with the summary prompts of earlier trials (:mod:`lanpo.summarize`: summaries
-ride along and cost no sequential generation of their own); phase B generates the rows whose source waited for
-this step's scratch attempts (reflection on this step's rollouts). ``unsolved`` (:func:`unsolved_rollout`):
-GRPO's rollout first, then feedback only for groups that failed, with the summaries riding in that second phase
-(a step where every group solved its problem generates what GRPO's does). Nothing here imports TRL: the model is
-reached through the callables of :class:`RolloutModel`.
+``feedback_trigger always`` (:func:`lanpo_rollout`): phase A generates the scratch rows and every feedback row whose
+context is ready, together with the summary prompts of earlier trials (:mod:`lanpo.summarize`: summaries ride along
+and cost no sequential generation of their own) and, with ``reflection_source ahead``, plain attempts at the next
+step's problems that have none stored (:class:`Ahead`: the next step's reflections are then ready); phase B
+generates the rows whose source waited for this step's scratch attempts (reflection on this step's rollouts).
+``unsolved`` (:func:`unsolved_rollout`): GRPO's rollout first, then feedback only for groups that failed, with the
+summaries riding in that second phase (a step where every group solved its problem generates what GRPO's does).
+Nothing here imports TRL: the model is reached through the callables of :class:`RolloutModel`.
 """
 
 from __future__ import annotations
@@ -89,6 +90,17 @@ def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, ...] 
 
 
 @dataclass
+class Ahead:
+    """A plain attempt at a problem of the next step, generated in this step's batch (``reflection_source ahead``):
+    stored for reflection, never scored or trained on."""
+
+    problem_id: str
+    problem: str
+    prompt_ids: list[int]
+    text: str = ""
+
+
+@dataclass
 class StepContext:
     """What a step's rollout needs besides its rows and the model: the plan, the sources it asks, the summaries that
     ride along, and where it counts."""
@@ -98,6 +110,7 @@ class StepContext:
     pending: list[Trial] = field(default_factory=list)  # trials whose summaries ride in this batch
     timer: Counter = field(default_factory=Counter)  # seconds by part of the step
     counts: Counter = field(default_factory=Counter)  # this step's counters (lanpo/lessons_dropped, ...)
+    ahead: list[Ahead] = field(default_factory=list)  # attempts at the next step's problems riding in phase A
 
 
 Waiting = set[tuple[int, str]]  # (a group's first row, a row kind) whose contexts wait for this step's attempts
@@ -180,14 +193,23 @@ def _timed(timer: Counter, part: str) -> Iterator[None]:
 
 
 def _generate_with_summaries(
-    model: RolloutModel, rows: list[Row], pending: list[Trial], indices: list[int], timer: Counter
+    model: RolloutModel,
+    rows: list[Row],
+    pending: list[Trial],
+    indices: list[int],
+    timer: Counter,
+    ahead: Sequence[Ahead] = (),
 ) -> list[list[int]]:
-    """``rows[indices]`` generated with the pending summaries riding in the same batch; the batch's seconds go to
-    ``generate`` and ``summarize`` by their shares of its tokens (an estimate: they decode side by side)."""
+    """``rows[indices]`` generated with the pending summaries (and ``ahead``'s attempts, whose texts it sets) riding
+    in the same batch; the batch's seconds go to ``generate`` and ``summarize`` by their shares of its tokens (an
+    estimate: they decode side by side)."""
     start = time.perf_counter()
-    summaries = _generate(model, rows, [summary_input(model, t) for t in pending], indices)
+    extra = _generate(model, rows, [summary_input(model, t) for t in pending] + [a.prompt_ids for a in ahead], indices)
+    summaries, attempts = extra[: len(pending)], extra[len(pending) :]
+    for attempt, ids in zip(ahead, attempts):
+        attempt.text = model.decode(ids)
     elapsed = time.perf_counter() - start
-    rollout_tokens = sum(len(rows[i].completion_ids) for i in indices)
+    rollout_tokens = sum(len(rows[i].completion_ids) for i in indices) + sum(len(c) for c in attempts)
     summary_tokens = sum(len(c) for c in summaries)
     share = summary_tokens / max(1, rollout_tokens + summary_tokens)
     timer["generate"] += elapsed * (1 - share)
@@ -213,7 +235,7 @@ def lanpo_rollout(
         phase_a = [i for i in phase_a if not rows[i].has_feedback]
         with _timed(timer, "generate"):
             _generate(model, rows, [], apart, feedback=True)
-    summaries = _generate_with_summaries(model, rows, context.pending, phase_a, timer)
+    summaries = _generate_with_summaries(model, rows, context.pending, phase_a, timer, context.ahead)
     finished, carried = continue_summaries(model, context.pending, summaries)
 
     phase_b = [i for i, r in enumerate(rows) if (i - i % g, r.kind) in waiting]

@@ -26,7 +26,7 @@ from trl.models.utils import unwrap_model_for_generation
 
 from lanpo import loss, objective, rollout
 from lanpo.config import LanpoConfig
-from lanpo.data.loaders import with_answer_column
+from lanpo.data.loaders import problem_of, with_answer_column
 from lanpo.engine import vllm_cpu
 from lanpo.engine.generation import chat_ids, left_pad, length_limit, sample_with_logprobs
 from lanpo.engine.logprobs import HeadRequest, add_compact_lm_head
@@ -37,8 +37,8 @@ from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
 from lanpo.feedback.registry import make_sources
 from lanpo.plan import StepPlan
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
-from lanpo.pool.store import POOL_FILENAME, ExperiencePool
-from lanpo.prompts import Messages, solve_messages, with_prefill
+from lanpo.pool.store import POOL_FILENAME, Attempt, ExperiencePool
+from lanpo.prompts import Messages, clip, solve_messages, with_prefill
 from lanpo.run import checkpoints
 from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
@@ -181,6 +181,9 @@ class LanpoTrainer(GRPOTrainer):
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
         self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
         self._batch_inputs = None
+        self._peeked: list = []  # reflection_source ahead: the batches of the next step, pulled a step early
+        self._peeked_from = None  # the epoch iterator they came from
+        self._ahead_done: list[Attempt] = []  # this step's attempts at the next step's problems, to store
         self._rewards_per_func = None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
@@ -261,17 +264,71 @@ class LanpoTrainer(GRPOTrainer):
                 row.text = self._model_io.decode(ids)
             return output
         self._rows = rollout.make_rows(inputs, g, plan.group)
-        context = rollout.StepContext(plan, self.feedback_sources, self._pending, self._timer, self._step_counts)
+        context = rollout.StepContext(
+            plan,
+            self.feedback_sources,
+            pending=self._pending,
+            timer=self._timer,
+            counts=self._step_counts,
+            ahead=self._attempts_ahead() if plan.trigger == "always" else [],
+        )
         self._pending = []
         generate = rollout.ROLLOUTS[plan.trigger]  # always: lanpo_rollout; unsolved: GRPO's rollout, then feedback
         output, finished, self._pending = generate(
             self._rows, self._model_io.tokenize(prompts), g, self._model_io, context
         )
+        self._ahead_done = [
+            Attempt(a.problem_id, a.problem, clip(a.text), step=self.state.global_step)
+            for a in context.ahead
+            if a.text.strip()
+        ]
+        self._step_counts["ahead_attempts"] += len(context.ahead)
         self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
         self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
         if not self.use_vllm:  # TRL's transformers path has no sampler log-probabilities: rows keep them
             output["logprobs"] = None
         return output
+
+    def get_batch_samples(self, epoch_iterator, num_batches: int, device):
+        """Transformers' prefetch of one optimizer step's batches; with ``reflection_source ahead`` it also pulls the
+        next step's batches (same order, handed out at the next call) so this step can attempt their problems."""
+        if self.args.reflection_source != "ahead":
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._peeked_from is not epoch_iterator:  # a new epoch, or a resumed run: nothing pulled early
+            self._peeked, self._peeked_from = [], epoch_iterator
+
+        def pull(n: int) -> list:
+            pulled = []
+            for _ in range(n):
+                try:
+                    pulled.append(next(epoch_iterator))
+                except StopIteration:
+                    break
+            return pulled
+
+        batches, self._peeked = self._peeked[:num_batches], self._peeked[num_batches:]
+        batches += pull(num_batches - len(batches))
+        self._peeked += pull(num_batches - len(self._peeked))
+        return batches, self._get_num_items_in_batch(batches, device)
+
+    def _attempts_ahead(self) -> list[rollout.Ahead]:
+        """``reflection_source ahead``: plain attempts at the problems of the next step that have none stored (nor
+        rows in this step), as many per problem as that step's plan reflects on (its reflection rows, at most its
+        scratch rows, at least one); none at the last step of an epoch (there is no next batch to pull)."""
+        if self.args.reflection_source != "ahead" or not self._peeked:
+            return []
+        group = self.args.step_plan(self.state.global_step + 1).group
+        per_problem = min(group.reflection, max(1, group.scratch))
+        ahead = []
+        seen = {problem_of(item)[0] for item in self._batch_inputs}  # this step's own attempts are stored anyway
+        for item in self._peeked[0] if per_problem else []:
+            problem_id, problem = problem_of(item)
+            if problem_id in seen or self.pool.attempts(problem_id, limit=1):
+                continue
+            seen.add(problem_id)
+            ids = self._model_io.tokenize([item["prompt"]])[0]
+            ahead += [rollout.Ahead(problem_id, problem, ids) for _ in range(per_problem)]
+        return ahead
 
     @contextmanager
     def _judge_model(self):
@@ -397,7 +454,8 @@ class LanpoTrainer(GRPOTrainer):
             step,
             self.accelerator.process_index,
         )
-        for batch in gather_object([rollout.attempts_to_store(rows, step)]):
+        ahead, self._ahead_done = self._ahead_done, []
+        for batch in gather_object([rollout.attempts_to_store(rows, step) + ahead]):
             self.pool.add_attempts(batch)
         self._pending += trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:

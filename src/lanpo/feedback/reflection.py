@@ -29,7 +29,8 @@ class ReflectionSource(FeedbackSource):
 
     ``mode`` is ``reflection_source``: ``pool`` reflects on attempts stored in earlier steps, ``step`` on this
     step's scratch rollouts (the rollout asks again after generating them), ``auto`` on stored ones where the
-    problem has some and on this step's otherwise.
+    problem has some and on this step's otherwise; ``ahead`` as ``auto`` (the trainer stores attempts at the next
+    step's problems a step early: :attr:`lanpo.rollout.StepContext.ahead`).
     """
 
     kind = "reflection"

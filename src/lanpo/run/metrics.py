@@ -41,6 +41,7 @@ METRICS: dict[str, str] = {
     "lanpo/rescued_share": "feedback_trigger unsolved: share of groups where a feedback row is right though "
     "every scratch row was wrong",
     "lanpo/rescue_rate": "feedback_trigger unsolved: rescued groups over triggered groups (steps with any)",
+    "lanpo/ahead_attempts": "reflection_source ahead: attempts at the next step's problems generated in this step",
     "lanpo/pool_size": "entries in the experience pool",
     "lanpo/pool_problems": "problems with at least one entry in the pool",
     "lanpo/lessons_dropped": "lessons left out of abstraction contexts (stating an answer, holding code, talking about "
@@ -276,6 +277,7 @@ def step_metrics(
         "lanpo/pool_problems": float(pool_stats["problems"]),
         **retrieval,
         "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0)),
+        **({"lanpo/ahead_attempts": float(counts["ahead_attempts"])} if counts.get("ahead_attempts") else {}),
         **hint_metrics(records, counts),
     }
     if summaries.get("requested"):
