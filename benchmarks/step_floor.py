@@ -13,10 +13,18 @@ timers); the reference pass, the old log-probability pass and the loss forward (
 Trainer's optimizer callbacks); checkpoint writes (``_save_checkpoint``, one at the last step) and metric writes
 (``metrics.jsonl``). "other" is the step's time that none of these account for. Medians over steps 2..N.
 
+**Each arm with its generation in one call.** After every step of every arm, the rows the step generated (rollout
+rows, feedback phases, the summaries riding in them, hint rounds) are generated again in a single call, each to
+exactly the number of tokens it reached in the step (TRL's sampling parameters; the run's random state untouched).
+An arm's step less its in-step generation plus that one call is the least its step could cost however its phases
+were arranged: what remains of its cost over GRPO's is the method's own work (more rows, longer prompts to attend
+to, summaries), not how the step is run.
+
 Arms (``--arms``): ``grpo-trl`` (p_t = 0 as TRL runs it: its fused LM head, its old log-probability pass under
 vLLM: before); ``grpo-compact`` (``logprob_head compact``); ``grpo`` (compact and ``old_logps_from_loss``: after);
-``lanpo`` (the paper's defaults, with both) and ``unsolved`` (``feedback_trigger unsolved``, with both; its ratio
-is also given over the steps where no group triggered).
+``lanpo`` (the paper's defaults, with both); ``lanpo-ahead`` (the same, ``reflection_source ahead``: the next
+step's problems attempted in this step's batch, so reflection needs no second phase after step 1) and ``unsolved``
+(``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered).
 
 Settings (``--setting``):
 
@@ -51,7 +59,7 @@ from collections import defaultdict
 
 import torch
 
-ARMS = ("grpo-trl", "grpo-compact", "grpo", "lanpo", "unsolved")
+ARMS = ("grpo-trl", "grpo-compact", "grpo", "lanpo", "lanpo-ahead", "unsolved")
 PARTS = (
     "generate",
     "summarize",
@@ -94,6 +102,8 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
     if arm == "unsolved":
         cli += ["--feedback_trigger", "unsolved"]
+    if arm == "lanpo-ahead":
+        cli += ["--reflection_source", "ahead"]
     cli += ["--logprob_head", "trl" if arm == "grpo-trl" else "compact"]
     cli += ["--old_logps_from_loss", str(arm not in ("grpo-trl", "grpo-compact")).lower()]
     return cli
@@ -110,6 +120,8 @@ class Clock:
         self.floors: list[dict[str, float]] = []  # each step's floor, on that step's batch, after the step
         self.saves: list[float] = []
         self.batch: dict | None = None
+        self.generated: list[tuple[list[int], int]] = []  # this step's generated rows: (prompt ids, new tokens)
+        self.one_call: list[float] = []  # each step's rows generated again in one call (its own floor's generation)
         clock = self
 
         def timed(name_of, function):
@@ -132,6 +144,26 @@ class Clock:
             return "reference pass" if model is trainer.ref_model else "old log-prob pass"
 
         trainer._get_per_token_logps_and_entropies = timed(pass_name, trainer._get_per_token_logps_and_entropies)
+        depth = [0]
+
+        def recorded(function):
+            """Keep every row a step generates (rollout rows, feedback phases, riding summaries, hint rounds),
+            counted once where lanpo's generation calls TRL's."""
+
+            def wrapper(prompt_ids, *args, **kwargs):
+                depth[0] += 1
+                try:
+                    completions, logprobs = function(prompt_ids, *args, **kwargs)
+                finally:
+                    depth[0] -= 1
+                if depth[0] == 0:
+                    clock.generated += [(list(p), len(c)) for p, c in zip(prompt_ids, completions)]
+                return completions, logprobs
+
+            return wrapper
+
+        trainer._generate_ids = recorded(trainer._generate_ids)
+        trainer._generate_single_turn = recorded(trainer._generate_single_turn)
         trainer.accelerator.backward = timed(lambda *a, **k: "backward", trainer.accelerator.backward)
         compute_loss = trainer._compute_loss
 
@@ -166,6 +198,8 @@ class Clock:
                 clock.parts.clear()
                 if measure_floor:
                     clock.floors.append(floor(trainer, clock.batch))
+                clock.one_call.append(generate_in_one_call(trainer, clock.generated))
+                clock.generated = []
 
         trainer.add_callback(Steps())
 
@@ -207,6 +241,54 @@ def floor(trainer, batch: dict, repeats: int = 1) -> dict[str, float]:
     }
 
 
+def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> float:
+    """Seconds to generate a step's rows again, every one in a single call, each to exactly the number of tokens it
+    generated in the step (sampled at the run's temperature; the run's random state untouched): the generation a
+    step of these rows cannot go below, however its phases are arranged. vLLM takes a length per row; transformers'
+    ``generate`` (through lanpo's :func:`~lanpo.engine.generation.sample_with_logprobs`, its prefill in buckets)
+    runs the batch to its longest row, as one call of the step does."""
+    rows = [(prompt, n) for prompt, n in generated if n > 0]
+    if not rows:
+        return 0.0
+    sync()
+    start = time.perf_counter()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    if trainer.use_vllm:  # TRL's colocate sampling parameters, a length per row
+        from vllm import SamplingParams
+
+        vllm = trainer.vllm_generation
+        args = trainer.args
+        kwargs = {
+            "n": 1,
+            "repetition_penalty": args.repetition_penalty,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "top_k": args.top_k,
+            "min_p": 0.0 if args.min_p is None else args.min_p,
+            "logprobs": vllm.logprobs,
+            **(vllm.generation_kwargs or {}),
+            "ignore_eos": True,
+        }
+        params = [SamplingParams(**kwargs, max_tokens=n) for _, n in rows]
+        with torch.random.fork_rng(devices=devices):
+            outputs = vllm.llm.generate([{"prompt_token_ids": p} for p, _ in rows], params, use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [n for _, n in rows]
+    else:  # lanpo's own transformers generation (its bucketed prefill), every row run to the longest row's length
+        import copy
+
+        from lanpo.engine.generation import left_pad, sample_with_logprobs
+
+        ids, mask = left_pad([p for p, _ in rows], trainer._tokenizer.pad_token_id, trainer.accelerator.device)
+        config = copy.deepcopy(trainer.generation_config)
+        config.max_new_tokens = config.min_new_tokens = max(n for _, n in rows)
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        with torch.no_grad(), torch.random.fork_rng(devices=devices):
+            completions, _ = sample_with_logprobs(model, ids, mask, config, [])
+        assert all(len(c) == config.max_new_tokens for c in completions)
+    sync()
+    return time.perf_counter() - start
+
+
 def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -> dict:
     from lanpo.commands.train import parse, set_model_dtype
     from lanpo.data.loaders import load_problems, to_prompt_dataset
@@ -225,7 +307,7 @@ def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -
         train_dataset=to_prompt_dataset(problems),
         processing_class=load_tokenizer(model_path),
     )
-    clock = Clock(trainer, measure_floor=arm.startswith("grpo"))
+    clock = Clock(trainer, measure_floor=True)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "step_time" in h]
     result = {
@@ -243,6 +325,7 @@ def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -
         "checkpoint_s": clock.saves,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "use_vllm": bool(config.use_vllm),
+        "one_call_generation": clock.one_call,
     }
     if device == "cuda":
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -318,7 +401,24 @@ def summarize(runs: dict[str, dict]) -> dict:
             "seconds": round(gap, 2),
             "shares": {k: round(v / gap, 3) for k, v in excess.items()} if gap > 0 else "none: at or below the floor",
         }
+    # every arm with its generation in one call: the step's time less the seconds its rows took to generate in the
+    # step (rollout, feedback phases, riding summaries), plus the seconds the same rows take in one call, each to its
+    # own length. What is left of an arm's cost over GRPO's then is the method's own work (more rows and tokens to
+    # generate, longer rows to train on), which no arrangement of the generation takes back.
+    merged = {}
+    for arm, run in runs.items():
+        generated = [s["generate"] + s["summarize"] for s in run["parts"]]
+        merged[arm] = [t - g + one for t, g, one in zip(run["step_time"], generated, run["one_call_generation"])]
+        ratios[f"{arm}: its generation in one call"] = {
+            "in the step (generate + summarize)": median(generated[later]),
+            "the same rows in one call": median(run["one_call_generation"][later]),
+            "step with it": median(merged[arm][later]),
+        }
     if "grpo" in runs:
+        for arm in runs:
+            ratios[f"{arm} / grpo, each with its generation in one call"] = round(
+                median(merged[arm][later]) / median(merged["grpo"][later]), 3
+            )
         for arm in runs:
             ratios[f"{arm} / grpo"] = round(report[arm]["median_step_s"] / report["grpo"]["median_step_s"], 3)
         if "unsolved" in runs:
