@@ -185,7 +185,7 @@ def test_train_help_shows_lanpo_fields_first_with_choices_and_every_lanpo_field(
     assert head.startswith("usage: lanpo train")
     for shown in (
         "--feedback_ratio",
-        "--reflection_source {auto,step,pool}",
+        "--reflection_source {auto,step,pool,ahead}",
         "--relevance_scorer {bm25,embedding,llm}",
         "--context_in_loss {strip,strip-sequence,shaped,unweighted,keep}",
     ):

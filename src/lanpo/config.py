@@ -132,10 +132,8 @@ class LanpoConfig(GRPOConfig):
     reflection_source: ReflectionSource = field(
         default="auto",
         metadata={
-            "help": "auto: stored attempts where the problem has some, else this step's; step: this step's scratch "
-            "rollouts (a second generation phase); pool: stored attempts only; ahead: as auto, and the next step's "
-            "problems that have none get attempts riding in this step's batch (no second phase after the first "
-            "step: a reflection then shows an attempt written one update earlier)."
+            "help": "auto: stored attempts where a problem has some, else this step's; step: this step's (a second "
+            "generation phase); pool: stored only; ahead: auto, next problems attempted early."
         },
     )
 

@@ -270,7 +270,7 @@ class LanpoTrainer(GRPOTrainer):
             pending=self._pending,
             timer=self._timer,
             counts=self._step_counts,
-            ahead=self._attempts_ahead() if plan.trigger == "always" else [],
+            ahead=self._attempts_ahead(plan) if plan.trigger == "always" else [],
         )
         self._pending = []
         generate = rollout.ROLLOUTS[plan.trigger]  # always: lanpo_rollout; unsolved: GRPO's rollout, then feedback
@@ -311,14 +311,14 @@ class LanpoTrainer(GRPOTrainer):
         self._peeked += pull(num_batches - len(self._peeked))
         return batches, self._get_num_items_in_batch(batches, device)
 
-    def _attempts_ahead(self) -> list[rollout.Ahead]:
+    def _attempts_ahead(self, plan: StepPlan) -> list[rollout.Ahead]:
         """``reflection_source ahead``: plain attempts at the problems of the next step that have none stored (nor
-        rows in this step), as many per problem as that step's plan reflects on (its reflection rows, at most its
-        scratch rows, at least one); none at the last step of an epoch (there is no next batch to pull)."""
+        rows in this step), as many per problem as this step's ``plan`` reflects on (its reflection rows, at most its
+        scratch rows, at least one: a schedule's next p_t may differ, and a reflection cycles through what there
+        is); none at the last step of an epoch (there is no next batch to pull)."""
         if self.args.reflection_source != "ahead" or not self._peeked:
             return []
-        group = self.args.step_plan(self.state.global_step + 1).group
-        per_problem = min(group.reflection, max(1, group.scratch))
+        per_problem = min(plan.group.reflection, max(1, plan.group.scratch))
         ahead = []
         seen = {problem_of(item)[0] for item in self._batch_inputs}  # this step's own attempts are stored anyway
         for item in self._peeked[0] if per_problem else []:
