@@ -509,7 +509,7 @@ def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_need
 )
 def test_pulling_batches_a_step_ahead_loses_and_reorders_nothing(ahead_trainer, total, asks, source):
     """Whatever the step sizes, the batches handed out are the iterator's, in order; with ahead the next step's
-    batches are held (as many as this step's count, fewer at the end), and a new iterator starts afresh."""
+    batches are held (at least as many as this step took, where there are), and a new iterator starts afresh."""
     trainer = ahead_trainer
     trainer.args.reflection_source = source
     for _ in range(2):  # a second epoch: a fresh iterator, nothing carried over
