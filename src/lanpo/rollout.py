@@ -399,9 +399,10 @@ def choose_trials(
     return trials
 
 
-def attempts_to_store(rows: list[Row], step: int) -> list[Attempt]:
+def attempts_to_store(rows: list[Row], step: int, ahead: Sequence[Ahead] = ()) -> list[Attempt]:
     """Rollouts from the plain prompt become stored attempts (text only, no grade) for later reflection: scratch
-    rows, and feedback rows that fell back to the plain prompt (at p_t 1.0 the only attempts a problem gets)."""
-    return [
-        Attempt(r.problem_id, r.problem, clip(r.text), step=step) for r in rows if not r.has_feedback and r.text.strip()
-    ]
+    rows, feedback rows that fell back to the plain prompt (at p_t 1.0 the only attempts a problem gets), and the
+    attempts at the next step's problems that rode in the batch (``ahead``)."""
+    plain = [(r.problem_id, r.problem, r.text) for r in rows if not r.has_feedback]
+    plain += [(a.problem_id, a.problem, a.text) for a in ahead]
+    return [Attempt(pid, problem, clip(text), step=step) for pid, problem, text in plain if text.strip()]

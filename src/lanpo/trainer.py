@@ -14,6 +14,7 @@ import time
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,8 @@ from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
 from lanpo.feedback.registry import make_sources
 from lanpo.plan import StepPlan
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
-from lanpo.pool.store import POOL_FILENAME, Attempt, ExperiencePool
-from lanpo.prompts import Messages, clip, solve_messages, with_prefill
+from lanpo.pool.store import POOL_FILENAME, ExperiencePool
+from lanpo.prompts import Messages, solve_messages, with_prefill
 from lanpo.run import checkpoints
 from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
@@ -183,7 +184,7 @@ class LanpoTrainer(GRPOTrainer):
         self._batch_inputs = None
         self._peeked: list = []  # reflection_source ahead: the batches of the next step, pulled a step early
         self._peeked_from = None  # the epoch iterator they came from
-        self._ahead_done: list[Attempt] = []  # this step's attempts at the next step's problems, to store
+        self._ahead: list[rollout.Ahead] = []  # this step's attempts at the next step's problems, to store
         self._rewards_per_func = None
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
@@ -277,11 +278,7 @@ class LanpoTrainer(GRPOTrainer):
         output, finished, self._pending = generate(
             self._rows, self._model_io.tokenize(prompts), g, self._model_io, context
         )
-        self._ahead_done = [
-            Attempt(a.problem_id, a.problem, clip(a.text), step=self.state.global_step)
-            for a in context.ahead
-            if a.text.strip()
-        ]
+        self._ahead = context.ahead
         self._step_counts["ahead_attempts"] += len(context.ahead)
         self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
         self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
@@ -296,19 +293,9 @@ class LanpoTrainer(GRPOTrainer):
             return super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._peeked_from is not epoch_iterator:  # a new epoch, or a resumed run: nothing pulled early
             self._peeked, self._peeked_from = [], epoch_iterator
-
-        def pull(n: int) -> list:
-            pulled = []
-            for _ in range(n):
-                try:
-                    pulled.append(next(epoch_iterator))
-                except StopIteration:
-                    break
-            return pulled
-
         batches, self._peeked = self._peeked[:num_batches], self._peeked[num_batches:]
-        batches += pull(num_batches - len(batches))
-        self._peeked += pull(num_batches - len(self._peeked))
+        batches += islice(epoch_iterator, num_batches - len(batches))
+        self._peeked += islice(epoch_iterator, max(0, num_batches - len(self._peeked)))
         return batches, self._get_num_items_in_batch(batches, device)
 
     def _attempts_ahead(self, plan: StepPlan) -> list[rollout.Ahead]:
@@ -319,16 +306,21 @@ class LanpoTrainer(GRPOTrainer):
         if self.args.reflection_source != "ahead" or not self._peeked:
             return []
         per_problem = min(plan.group.reflection, max(1, plan.group.scratch))
-        ahead = []
         seen = {problem_of(item)[0] for item in self._batch_inputs}  # this step's own attempts are stored anyway
+        wanted = []
         for item in self._peeked[0] if per_problem else []:
             problem_id, problem = problem_of(item)
-            if problem_id in seen or self.pool.attempts(problem_id, limit=1):
+            if problem_id in seen:  # G rows a problem: asked once
                 continue
             seen.add(problem_id)
-            ids = self._model_io.tokenize([item["prompt"]])[0]
-            ahead += [rollout.Ahead(problem_id, problem, ids) for _ in range(per_problem)]
-        return ahead
+            if not self.pool.attempts(problem_id, limit=1):
+                wanted.append((problem_id, problem, item["prompt"]))
+        prompts = self._model_io.tokenize([prompt for _, _, prompt in wanted]) if wanted else []
+        return [
+            rollout.Ahead(problem_id, problem, ids)
+            for (problem_id, problem, _), ids in zip(wanted, prompts)
+            for _ in range(per_problem)
+        ]
 
     @contextmanager
     def _judge_model(self):
@@ -454,8 +446,8 @@ class LanpoTrainer(GRPOTrainer):
             step,
             self.accelerator.process_index,
         )
-        ahead, self._ahead_done = self._ahead_done, []
-        for batch in gather_object([rollout.attempts_to_store(rows, step) + ahead]):
+        ahead, self._ahead = self._ahead, []
+        for batch in gather_object([rollout.attempts_to_store(rows, step, ahead)]):
             self.pool.add_attempts(batch)
         self._pending += trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
