@@ -30,7 +30,7 @@ from lanpo.prompts import (
 )
 from lanpo.verify.code import CodeSettings, CodeVerifier, Verifier, extract_code
 from lanpo.verify.rewards import MathVerifier
-from lanpo.verify.sandbox import CodeTests, Limits, Sandbox, SandboxUnavailable, is_code_gold
+from lanpo.verify.sandbox import CodeTests, Execution, Limits, Sandbox, SandboxUnavailable, is_code_gold
 
 needs_bwrap = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
@@ -529,14 +529,14 @@ def test_eval_on_code_runs_every_inference_mode_and_reports_pass_at_k(tiny_model
 
 @needs_bwrap
 def test_where_the_unprivileged_uid_cannot_sandbox_it_falls_back_and_says_so(monkeypatch, caplog):
-    real = Sandbox._works
+    real = Sandbox._trial
     calls = []
 
-    def works(self):  # as a kernel that forbids user namespaces to other uids would answer
+    def trial(self):  # as a kernel that forbids user namespaces to other uids would answer
         calls.append(self.drop_to_uid)
-        return False if self.drop_to_uid else real(self)
+        return Execution("crashed") if self.drop_to_uid else real(self)
 
-    monkeypatch.setattr(Sandbox, "_works", works)
+    monkeypatch.setattr(Sandbox, "_trial", trial)
     box = Sandbox()
     assert box.isolated and not box.drop_to_uid
     assert box.run(RIGHT, ADD).outcome == "passed"

@@ -11,8 +11,10 @@ handling; 5 two steps.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -332,6 +334,21 @@ def preamble_of(code: str) -> str:
     """The top-level imports of a problem's code (``from typing import List``): run before the model's code, which
     often leaves them out."""
     return "".join(line + "\n" for line in code.splitlines() if line.startswith(("import ", "from ")))
+
+
+def helpers_of(code: str) -> str:
+    """A problem's own code, for the tests to run beside (HumanEval's ``poly``, ``encode_cyclic``): the code when it
+    compiles (a signature with its docstring does), else nothing."""
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return ""
+    return code
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether a problem's code defines the function ``name`` (a bare signature counts)."""
+    return re.search(rf"^[ \t]*(?:async[ \t]+)?def[ \t]+{re.escape(name)}[ \t]*\(", code, re.MULTILINE) is not None
 
 
 def entry_point_of(code: str) -> str | None:

@@ -32,7 +32,15 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from lanpo.data.arith import arith_problems
-from lanpo.data.code_tasks import code_problem_text, code_tasks, entry_point_of, humaneval_rows, preamble_of
+from lanpo.data.code_tasks import (
+    code_problem_text,
+    code_tasks,
+    defines,
+    entry_point_of,
+    helpers_of,
+    humaneval_rows,
+    preamble_of,
+)
 from lanpo.data.presets import PRESETS
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
 from lanpo.verify.sandbox import CodeTests
@@ -457,7 +465,15 @@ def code_rows_to_problems(rows: list, source: str, stats: LoadStats | None = Non
         solution = next((row[k] for k in ("canonical_solution", "solution") if isinstance(row.get(k), str)), None)
         if solution is not None and f"def {entry}(" not in solution:  # HumanEval's: the body alone
             solution = code.rstrip("\n") + "\n" + solution
-        tests = CodeTests(entry, check=check, preamble=preamble_of(code))
+        try:
+            tests = CodeTests(entry, check=check, preamble=preamble_of(code), helpers=helpers_of(code))
+        except ValueError as error:
+            stats.skip(str(error), index + 1)
+            continue
+        defects = tests.defects() or ([] if defines(code, entry) else [f"the problem does not define {entry}"])
+        if defects:
+            stats.skip(defects[0], index + 1)
+            continue
         pid = _row_id(row, source, index, seen_ids)
         problems.append(Problem(pid, code_problem_text(code), tests.to_gold(), source, solution))
         stats.kept += 1
