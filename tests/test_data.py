@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lanpo.data.loaders import (
     DataError,
@@ -16,6 +19,7 @@ from lanpo.data.loaders import (
     rows_to_problems,
     to_prompt_dataset,
 )
+from lanpo.data.presets import PRESETS
 from lanpo.verify.answers import gsm8k_answer, last_boxed
 
 
@@ -269,3 +273,58 @@ def test_bytes_that_are_not_utf8_name_their_file_and_line(tmp_path, caplog):
     whole.write_bytes(b'[{"problem": "1+1?",\n "answer": "caf\xe9"}]')
     with pytest.raises(DataError, match="rows.json is not UTF-8: line 2"):
         load_problems(str(whole))
+
+
+def _preset_rows(name: str) -> list[dict]:
+    """Three rows in the layout a preset's local file has: GSM8K's rationale with ``####``, MATH's problem, answer and
+    worked solution, the others their hub's field names."""
+    preset = PRESETS[name]
+    if preset.answer_format == "gsm8k":
+        return [
+            {preset.problem_field: f"What is {i} + 3?", preset.answer_field: f"Add <<{i}+3={i + 3}>>.\n#### {i + 3}"}
+            for i in range(3)
+        ]
+    if preset.local_answer_format:  # the local copy stores the final answer beside the worked solution
+        return [
+            {"problem": f"What is {i} + 3?", "answer": str(i + 3), "solution": f"Add: $\\boxed{{{i + 3}}}$."}
+            for i in range(3)
+        ]
+    return [{preset.problem_field: f"What is {i} + 3?", preset.answer_field: str(i + 3)} for i in range(3)]
+
+
+@pytest.mark.parametrize("name, split", [(name, split) for name, preset in PRESETS.items() for split in preset.local])
+def test_a_presets_file_loaded_by_path_is_read_as_that_preset(tmp_path, name, split):
+    local = tmp_path / "data" / PRESETS[name].local[split]
+    local.parent.mkdir(parents=True, exist_ok=True)
+    rows = _preset_rows(name)
+    local.write_text(json.dumps(rows) if local.suffix == ".json" else "".join(json.dumps(r) + "\n" for r in rows))
+    by_name = load_problems(name, split=split, data_dir=tmp_path / "data")
+    by_path = load_problems(str(local))
+    triples = [(p.problem, p.answer, p.solution) for p in by_path]
+    assert triples == [(p.problem, p.answer, p.solution) for p in by_name]
+    assert [p.answer for p in by_path] == ["3", "4", "5"]  # the final answer, never a rationale
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+@pytest.mark.skipif(not (SHARED / "gsm8k").is_dir(), reason="../shared/data is not beside the checkout")
+def test_the_shared_gsm8k_file_by_path_gives_final_answers_and_rationales():
+    by_path = load_problems(str(SHARED / "gsm8k" / "train.jsonl"), limit=50)
+    by_name = load_problems("gsm8k", split="train", data_dir=SHARED, limit=50)
+    assert [(p.answer, p.solution) for p in by_path] == [(p.answer, p.solution) for p in by_name]
+    assert all("####" not in p.answer and "<<" not in (p.solution or "<<") for p in by_path)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    values=st.lists(st.integers(-10_000, 10_000), min_size=1, max_size=5),
+    stem=st.text("abcdefghij_-", min_size=1, max_size=12),
+)
+def test_a_file_written_gsm8k_s_way_under_any_name_is_read_as_gsm8k(tmp_path_factory, values, stem):
+    path = tmp_path_factory.mktemp("any") / f"{stem}.jsonl"
+    rows = [{"question": f"Q{i}?", "answer": f"Step <<1+1=2>> one.\nThen {v}.\n#### {v}"} for i, v in enumerate(values)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    problems = load_problems(str(path))
+    assert [p.answer for p in problems] == [str(v) for v in values]
+    assert all(p.solution and "####" not in p.solution and "<<" not in p.solution for p in problems)

@@ -41,7 +41,7 @@ from lanpo.data.code_tasks import (
     humaneval_rows,
     preamble_of,
 )
-from lanpo.data.presets import PRESETS
+from lanpo.data.presets import PRESETS, Preset
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
 from lanpo.verify.sandbox import CodeTests
 
@@ -590,10 +590,13 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
     if path.suffix.lower() in (".jsonl", ".json", ".parquet") or path.is_file():
         if not path.is_file():
             raise DataError(f"Data file not found: {path}")
+        if (preset := preset_of_file(path)) is not None:  # a preset's own file, by path: read as that preset
+            return _read_preset_file(preset, path, file_source(path), answer_format, fields)
         rows = read_rows(path)
         if is_code_rows(rows):
             return code_rows_to_problems(rows, file_source(path))
-        return rows_to_problems(rows, file_source(path), answer_format=answer_format or "plain", **fields)
+        fmt = answer_format or sniff_answer_format(rows, fields["answer_field"])
+        return rows_to_problems(rows, file_source(path), answer_format=fmt, **fields)
 
     if spec == "humaneval":
         try:
@@ -612,8 +615,7 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
             file = Path(data_dir).expanduser() / local
             if not file.is_file():
                 raise DataError(f"{spec}: expected {file} (from --data-dir {data_dir}); it does not exist.")
-            fmt = answer_format or preset.local_answer_format or preset.answer_format
-            return rows_to_problems(read_rows(file), spec, answer_format=fmt, **fields)
+            return _read_preset_file(preset, file, spec, answer_format, fields)
         rows = _hub_rows(preset.hub, preset.config, split)
         fields = {
             **fields,
@@ -630,6 +632,46 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
         f"Unknown data {spec!r}: not a file, a preset ({', '.join(PRESETS)}, humaneval), builtin:arith, builtin:code, "
         "or a hub name (org/name)."
     )
+
+
+def preset_of_file(path: Path) -> Preset | None:
+    """The preset whose local layout names this file (``.../gsm8k/train.jsonl`` is GSM8K's train split), if any."""
+    parts = path.resolve().parts
+    for preset in PRESETS.values():
+        for local in preset.local.values():
+            tail = Path(local).parts
+            if parts[-len(tail) :] == tail:
+                return preset
+    return None
+
+
+def _read_preset_file(preset: Preset, file: Path, source: str, answer_format: str | None, fields: dict):
+    """A preset's local file, read as the preset: its answer format (GSM8K's ``####`` answer, its rationale as the
+    worked solution), and its hub field names where the file has them (the loader's guesses otherwise)."""
+    rows = read_rows(file)
+    first = next((r for r in rows if isinstance(r, dict)), {})
+    fields = {
+        **fields,
+        "problem_field": fields["problem_field"] or (preset.problem_field if preset.problem_field in first else None),
+        "answer_field": fields["answer_field"]
+        or (preset.answer_field if preset.answer_field in first and "answer" not in first else None),
+    }
+    fmt = answer_format or preset.local_answer_format or preset.answer_format
+    return rows_to_problems(rows, source, answer_format=fmt, **fields)
+
+
+def sniff_answer_format(rows, answer_field: str | None) -> str:
+    """``gsm8k`` for rows written GSM8K's way (every answer of the first rows a rationale ending ``#### <answer>``),
+    else ``plain``: a GSM8K file under any name is read as GSM8K, never with its whole rationale as the gold."""
+    sample = [r for r in rows[:20] if isinstance(r, dict)] if isinstance(rows, list) else []
+    keys = [_pick(r, answer_field, ANSWER_FIELDS) for r in sample]
+    answers = [r.get(k) for r, k in zip(sample, keys) if k is not None]
+    if answers and all(isinstance(a, str) and GSM8K_FINAL.search(a) for a in answers):
+        return "gsm8k"
+    return "plain"
+
+
+GSM8K_FINAL = re.compile(r"\n#### *\S[^\n]*\s*\Z")
 
 
 def _hub_rows(name: str, config: str | None, split: str):
