@@ -317,3 +317,100 @@ def test_a_run_stopped_before_its_first_checkpoint_points_at_a_command_that_work
     again = capsys.readouterr().err
     assert f"--config {run / 'config.yaml'} --overwrite" in resume
     assert "--overwrite" in again and "--resume latest" not in again and "nothing to continue" in again
+
+
+# -- round five: integers that are not integers, limits no run can use, refusals before the model (issue 71) ----
+
+
+def _int_fields():
+    """Every field LANPO declares as an integer (its own annotations, as check_whole_numbers reads them)."""
+    from lanpo.config import LanpoConfig
+
+    return sorted(
+        name
+        for name, kind in vars(LanpoConfig)["__annotations__"].items()
+        if "int" in str(kind).replace(" ", "").split("|")
+    )
+
+
+def test_the_integer_fields_are_found():
+    assert {"hint_level", "code_workers", "pool_cap", "eval_k"} <= set(_int_fields())
+
+
+@pytest.mark.parametrize("value", [2.5, 2.0, True, "3"])
+@pytest.mark.parametrize("name", _int_fields())
+def test_every_integer_setting_refuses_what_is_not_a_whole_number_by_name(tmp_path, name, value):
+    from lanpo.config import LanpoConfig
+
+    with pytest.raises(ValueError, match=f"{name} must be a whole number"):
+        LanpoConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **{name: value})
+
+
+@pytest.mark.parametrize(
+    "yaml_text, names",
+    [
+        ("hint_level: 2.5\n", "hint_level"),
+        ("hint_level: true\n", "hint_level"),
+        ("code_workers: 2.0\n", "code_workers"),
+        ("code_workers: 65\n", "code_workers"),
+        ("code_timeout: 1.0e9\n", "code_timeout"),
+        ("eval_modes: zero-shot,zero-shot\n", "eval_modes"),
+    ],
+)
+def test_a_yaml_setting_no_run_can_use_exits_2_before_a_model_loads(workdir, capsys, yaml_text, names):
+    (workdir / "c.yaml").write_text(yaml_text)
+    assert main(["train", "--config", "c.yaml", "--output_dir", "r"]) == 2
+    text = capsys.readouterr().err
+    assert names in text and "a model was loaded" not in text and not (workdir / "r").exists()
+
+
+ROUND_FIVE = [
+    (["eval", "--modes", "gold,gold"], "twice"),
+    (["eval", "--code-workers", "65"], "code_workers"),
+    (["eval", "--code-timeout", "1e9"], "code_timeout"),
+    (["train", "--data", "nosolution.jsonl", "--solution_field", "nosuch", "--output_dir", "r"], "nosuch"),
+    (["train", "--data", "nosolution.jsonl", "--feedback_source", "reference", "--output_dir", "r"], "reference"),
+    (["train", "--data", "nosolution.jsonl", "--feedback_source", "self-hint", "--output_dir", "r"], "self-hint"),
+]
+
+
+@pytest.mark.parametrize("argv,names", ROUND_FIVE, ids=[" ".join(c[0])[:60] for c in ROUND_FIVE])
+def test_round_five_refusals_exit_2_before_a_model_loads(workdir, capsys, argv, names):
+    (workdir / "nosolution.jsonl").write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    text = "".join(capsys.readouterr())
+    assert code == 2 and names in text and "a model was loaded" not in text, text[-2000:]
+    assert not (workdir / "r").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_code_without_bubblewrap_is_refused_before_a_model_loads(workdir, capsys, monkeypatch, command):
+    import shutil
+
+    real = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *a, **k: None if name == "bwrap" else real(name, *a, **k))
+    argv = {"train": ["train", "--data", "builtin:code", "--output_dir", "r"], "eval": ["eval", "--data", "humaneval"]}
+    assert main(argv[command]) == 2
+    text = capsys.readouterr().err
+    assert "apt-get install bubblewrap" in text and "a model was loaded" not in text
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        ({"reflection_source": "ahead", "feedback_ratio": 0.0}, "reflection_source ahead does nothing"),
+        ({"reflection_source": "ahead", "feedback_source": "gold"}, "reflection_source ahead does nothing"),
+        ({"feedback_trigger_pass_rate": 0.25}, "feedback_trigger_pass_rate does nothing"),
+    ],
+)
+def test_options_that_do_nothing_in_the_combination_given_are_warned_about(tmp_path, caplog, overrides, says):
+    from lanpo.config import LanpoConfig
+
+    LanpoConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **overrides)
+    assert says in caplog.text
+    caplog.clear()
+    LanpoConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
+    assert "does nothing" not in caplog.text

@@ -549,3 +549,185 @@ def test_code_rows_with_the_same_id_keep_distinct_problem_ids(tmp_path):
     path.write_text("\n".join(json.dumps(r) for r in [row, row, {**row, "id": None}]) + "\n")
     ids = [p.id for p in load_problems(str(path))]
     assert len(ids) == len(set(ids)) == 3
+
+
+# -- round five: what the sandbox takes from the host, the probe, code data that cannot judge (issue 71) --------
+
+
+def _host_shmem_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("Shmem:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no Shmem line in /proc/meminfo")
+
+
+@needs_bwrap
+def test_writes_past_the_tmpfs_bound_fail_and_the_hosts_memory_stays_bounded():
+    """/tmp and /dev/shm are RAM-backed: each is sized, the rest of /dev is read-only, so 2 sandboxes that try to
+    write 60 files of 1 MB in each place take at most their two bounds from the host (before the bounds, 360 MB)."""
+    box = Sandbox(Limits(timeout=8.0, cpu_seconds=6, tmp_mb=8), workers=2)
+    code = (
+        "import os, time\nwritten = {}\n"
+        "for place in ('/tmp', '/dev/shm', '/dev', '/tmp/sub'):\n    written[place] = 0\n"
+        "    try:\n        os.makedirs(place, exist_ok=True)\n        for i in range(60):\n"
+        "            with open(f'{place}/fill{i}', 'wb') as f:\n                f.write(b'x' * 1_000_000)\n"
+        "            written[place] += 1\n"
+        "    except OSError:\n        pass\n"
+        "time.sleep(1.5)\n"
+        "def add(a, b):\n    return max(written.values())\n"
+    )
+    before = _host_shmem_mb()
+    peak = [before]
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _host_shmem_mb())
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        written = box.run_many([(code, CodeTests("add", cases=[[[0, 0], -1]])), (code, ADD)])
+    finally:
+        stop.set()
+        watcher.join()
+        box.close()
+    assert all(r.outcome == "failed" for r in written), written
+    # two sandboxes, each at most 8 MB in /tmp and 8 MB in /dev/shm (plus noise from the rest of the machine)
+    assert peak[0] - before < 2 * 2 * 8 + 24, (before, peak[0])
+
+
+@needs_bwrap
+def test_the_sandbox_reports_how_much_it_could_write(sandbox):
+    code = (
+        "def add(a, b):\n    n = 0\n    try:\n        with open('/dev/shm/x', 'wb') as f:\n"
+        "            for _ in range(200):\n                f.write(b'x' * 1_000_000)\n                f.flush()\n"
+        "                n += 1\n    except OSError:\n        pass\n    return n\n"
+    )
+    bound = min(sandbox.limits.tmp_mb, sandbox.limits.file_mb)
+    result = sandbox.run(code, CodeTests("add", check=f"assert 0 < add(0, 0) <= {bound}\n"))
+    assert result.outcome == "passed"  # it wrote up to its bound in MB, and no more
+
+
+@needs_bwrap
+def test_no_nested_user_namespace_can_be_made_inside(sandbox):
+    code = "import ctypes\nlibc = ctypes.CDLL(None)\nmade = libc.unshare(0x10000000)\n" + (
+        "def add(a, b):\n    return a + b if made != 0 else -1\n"
+    )
+    assert run(sandbox, code).outcome == "passed"  # unshare(CLONE_NEWUSER) failed
+
+
+@pytest.mark.parametrize("workers", [0, 65, 1000, 2.0, True, -1])
+def test_workers_past_the_uid_range_are_refused_with_a_clear_error(workers):
+    with pytest.raises(ValueError, match="code_workers must be a whole number from 1 to 64"):
+        CodeSettings(workers=workers)
+    with pytest.raises(ValueError, match="code_workers"):
+        Sandbox(workers=workers)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 1e9, 301, float("nan")])
+def test_timeouts_no_run_can_use_are_refused(timeout):
+    with pytest.raises(ValueError, match="code_timeout"):
+        CodeSettings(timeout=timeout)
+
+
+@needs_bwrap
+def test_a_timeout_too_short_for_start_up_still_starts_the_sandbox_and_scores_zero():
+    box = Sandbox(Limits(timeout=0.001))
+    assert box.isolated
+    assert box.run(RIGHT, ADD).outcome == "timeout"
+
+
+@needs_bwrap
+def test_allow_unsandboxed_keeps_a_working_sandbox():
+    assert Sandbox(allow_unsandboxed=True).isolated
+
+
+@needs_bwrap
+def test_a_bubblewrap_that_fails_is_refused_with_its_reason_even_when_unsandboxed_is_allowed(monkeypatch):
+    monkeypatch.setattr(Sandbox, "_trial", lambda self: Execution("crashed", output="bwrap: No permissions"))
+    for allow in (False, True):
+        with pytest.raises(SandboxUnavailable, match="installed but a trial run") as error:
+            Sandbox(allow_unsandboxed=allow)
+        assert "No permissions" in str(error.value) and "apt-get install" not in str(error.value)
+
+
+@needs_bwrap
+def test_threads_calling_run_never_hold_more_sandboxes_than_workers():
+    box = Sandbox(Limits(timeout=5), workers=2)
+    busy, peak, lock = [0], [0], threading.Lock()
+    real = box._execute
+
+    def counting(*args, **kwargs):
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+        try:
+            return real(*args, **kwargs)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    box._execute = counting
+    threads = [threading.Thread(target=box.run, args=(RIGHT, ADD)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert peak[0] <= 2 and box.stats["passed"] == 8
+
+
+BAD_CODE_ROWS = {
+    "tests that do not compile": ({"prompt": "def f(x):\n", "tests": "assert f(1) == = 1"}, "do not compile"),
+    "an entry point that is a keyword": (
+        {"prompt": "def f(x):\n", "tests": "assert f(1) == 1", "entry_point": "lambda"},
+        "entry_point must be a Python name",
+    ),
+    "an entry point the prompt does not define": (
+        {"prompt": 'def f(x):\n    """x"""\n', "tests": "assert g(1) == 1", "entry_point": "g"},
+        "does not define g",
+    ),
+    "a check that never calls the candidate": ({"prompt": "def f(x):\n", "tests": "assert True"}, "never call f"),
+    "a test string past the bound": (
+        {"prompt": "def f(x):\n", "tests": "assert f(1) == 1\n" + "#" * 1_100_000},
+        "tests longer than",
+    ),
+    "a reference solution that fails its own tests": (
+        {"prompt": 'def f(x):\n    """x"""\n', "tests": "assert f(1) == 1", "solution": "    return 2\n"},
+        "reference solution fails",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_CODE_ROWS))
+def test_code_rows_that_cannot_judge_anything_are_skipped_naming_the_row(tmp_path, caplog, kind):
+    if kind.startswith("a reference") and shutil_which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed: reference solutions are not run at load")
+    good = {"prompt": 'def ok(x):\n    """x"""\n', "tests": "assert ok(1) == 1", "solution": "    return x\n"}
+    bad, says = BAD_CODE_ROWS[kind]
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+    problems = load_problems(str(path))
+    assert [CodeTests.from_gold(p.answer).entry_point for p in problems] == ["ok"]
+    assert says in caplog.text and "row(s) 2" in caplog.text
+
+
+def shutil_which(name: str):
+    import shutil
+
+    return shutil.which(name)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tests=st.text(max_size=60))
+def test_every_code_row_kept_has_tests_that_compile_and_name_its_function(tmp_path_factory, tests):
+    path = tmp_path_factory.mktemp("rows") / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "def f(x):\n", "tests": tests}) + "\n")
+    try:
+        problems = load_problems(str(path))
+    except DataError:
+        return  # no usable row: refused, saying so
+    check = CodeTests.from_gold(problems[0].answer).check
+    compile(check, "<tests>", "exec")
+    assert "f" in check or "candidate" in check

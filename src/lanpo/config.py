@@ -10,11 +10,14 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 from trl import GRPOConfig
 
 from lanpo.plan import COMPOSITION_FREE_LOSSES, HINT_TOP, OBJECTIVES, Objective, StepPlan, plan_group
+
+if TYPE_CHECKING:
+    from lanpo.verify.code import CodeSettings
 
 logger = logging.getLogger(__name__)
 
@@ -329,6 +332,7 @@ class LanpoConfig(GRPOConfig):
                 until,
             )
 
+        self._warn_options_that_do_nothing()
         if self.reflection_source == "ahead" and self.feedback_trigger != "always":
             logger.warning(
                 "reflection_source ahead attempts the next step's problems for feedback_trigger always only: with %s "
@@ -336,8 +340,31 @@ class LanpoConfig(GRPOConfig):
                 self.feedback_trigger,
             )
 
+    def code_settings(self) -> CodeSettings:
+        """How code rewards run, from the options: the one place training, evaluation during training and the
+        commands build them (it refuses limits no run can use)."""
+        from lanpo.verify.code import CodeSettings
+
+        return CodeSettings(self.code_timeout, self.code_workers, self.code_partial_credit, self.allow_unsandboxed_code)
+
+    def _warn_options_that_do_nothing(self) -> None:
+        """Options the combination given leaves without effect: said once, so nobody reads a result as theirs."""
+        idle = []
+        if self.reflection_source == "ahead" and self.feedback_ratio == 0:
+            idle.append("reflection_source ahead does nothing with feedback_ratio 0 (no feedback rows)")
+        if self.reflection_source == "ahead" and self.feedback_source != "self":
+            idle.append(
+                f"reflection_source ahead does nothing with feedback_source {self.feedback_source} (its rows show "
+                "privileged context, not a reflection)"
+            )
+        if self.feedback_trigger == "always" and self.feedback_trigger_pass_rate != 0.0:
+            idle.append("feedback_trigger_pass_rate does nothing under feedback_trigger always")
+        for line in idle:
+            logger.warning("%s.", line)
+
     def _check_lanpo_fields(self) -> None:
         check_finite(self)
+        check_whole_numbers(self)
 
         def unit(name: str) -> None:
             value = getattr(self, name)
@@ -419,10 +446,9 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")
         if self.verify_time_limit <= 0:
             raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
-        if self.code_timeout <= 0:
-            raise ValueError(f"code_timeout must be > 0 seconds, got {self.code_timeout}.")
-        if self.code_workers < 1:
-            raise ValueError(f"code_workers must be at least 1, got {self.code_workers}.")
+        self.code_settings()  # code_timeout and code_workers within what a run can use
+        if len(set(modes)) != len(modes):
+            raise ValueError(f"eval_modes names a mode twice: {self.eval_modes!r}.")
         for name in ("learning_rate", "temperature", "num_train_epochs"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}.")
@@ -518,6 +544,21 @@ class LanpoConfig(GRPOConfig):
         if not self.hint_anneal_steps:
             return 1.0
         return max(0.0, 1.0 - step / self.hint_anneal_steps)
+
+
+def check_whole_numbers(settings) -> None:
+    """Every field LANPO declares as an integer holds one: YAML's ``2.5``, ``2.0`` and ``true`` are refused by name
+    (a hint level of 2.5 would be a share between levels; ``true`` is an int to Python)."""
+    own = vars(type(settings)).get("__annotations__", {})
+    for name, declared in own.items():
+        kinds = {part.strip() for part in str(declared).split("|")}
+        if "int" not in kinds:
+            continue
+        value = getattr(settings, name, None)
+        if value is None and "None" in kinds:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be a whole number, got {value!r}.")
 
 
 def check_finite(settings) -> None:

@@ -45,7 +45,7 @@ from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
 from lanpo.run.metrics import Transfer, group_outcomes, real_prompts, row_record, step_metrics, time_metrics
 from lanpo.summarize import Trial, entry_from_summary, summarize_apart
-from lanpo.verify.code import CodeSettings, Verifier
+from lanpo.verify.code import Verifier
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 from lanpo.verify.sandbox import is_code_gold
 
@@ -85,8 +85,9 @@ class LanpoTrainer(GRPOTrainer):
         train_dataset = with_answer_column(train_dataset) if train_dataset is not None else None
         # worked solutions leave the dataset here: only privileged feedback sources read them (never TRL's rewards)
         train_dataset, self.references = take_references(train_dataset)
-        code = CodeSettings(args.code_timeout, args.code_workers, args.code_partial_credit, args.allow_unsandboxed_code)
-        self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), code)
+        if args.feedback_source != "self":  # before the model loads: a source with nothing to read stops here
+            check_references(args.feedback_source, self.references)
+        self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), args.code_settings())
         if train_dataset is not None and any(is_code_gold(a) for a in train_dataset["answer"]):
             self.verifier.start_code()  # code problems: the sandbox starts now, or the run stops here saying why
         vllm_cpu.prepare(args)
@@ -145,7 +146,6 @@ class LanpoTrainer(GRPOTrainer):
         self.transfer = Transfer()
         privileged = None
         if args.feedback_source != "self":
-            check_references(args.feedback_source, self.references)
             privileged = PrivilegedKit(
                 self.references,
                 self.hint_ladder,

@@ -81,6 +81,8 @@ def eval_modes(text: str) -> list[str]:
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise argparse.ArgumentTypeError(f"unknown mode(s) {unknown or text!r}; choose from {', '.join(MODES)}")
+    if len(set(modes)) != len(modes):
+        raise argparse.ArgumentTypeError(f"a mode is named twice in {text!r}")
     return modes
 
 

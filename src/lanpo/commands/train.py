@@ -514,6 +514,7 @@ def run(argv: list[str]) -> Path:
         if config.eval_every
         else None
     )
+    preflight(config, problems)
     run_dir = Path(config.output_dir)
     prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
     created = not run_dir.exists()
@@ -562,6 +563,23 @@ def run(argv: list[str]) -> Path:
             push_final_model(final, config.hub_model_id or run_dir.name, config.hub_private_repo)
     trainer.verifier.close()
     return run_dir
+
+
+def preflight(config, problems) -> None:
+    """What the trainer would refuse about the data, refused before the model loads: a privileged source with no
+    worked solution to read, code problems with no sandbox to run them (said once, with the reason); an option the
+    data leaves without effect, warned about."""
+    from lanpo.feedback.privileged import Reference
+    from lanpo.trainer import check_references
+    from lanpo.verify.code import CodeVerifier
+    from lanpo.verify.sandbox import is_code_gold
+
+    if config.feedback_source != "self":
+        check_references(config.feedback_source, {p.id: Reference(p.answer, p.solution) for p in problems})
+    if any(is_code_gold(p.answer) for p in problems):
+        CodeVerifier(config.code_settings()).close()
+    elif config.code_partial_credit:
+        logger.warning("code_partial_credit does nothing here: the training data holds no code problems.")
 
 
 # -- the command line ----------------------------------------------------------------------------------------

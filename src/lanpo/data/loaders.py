@@ -229,6 +229,11 @@ def rows_to_problems(
             missing = [
                 f for f in (template_fields(problem_template) if problem_template else []) if _pick(row, f, ()) is None
             ]
+            if solution_field and _pick(row, solution_field, ()) is None:
+                raise DataError(
+                    f"{source}: no field {solution_field!r} (--solution_field) in rows with fields "
+                    f"{sorted(map(str, row))}; name the field that holds a worked solution."
+                )
             if (p_key is None and not problem_template) or a_key is None or missing:
                 what = (
                     f"the template field(s) {missing}"
@@ -435,11 +440,16 @@ def builtin_code(
     return [Problem(t.id, t.text, t.tests.to_gold(), f"builtin:code/L{t.level}", t.solution) for t in tasks]
 
 
-def code_rows_to_problems(rows: list, source: str, stats: LoadStats | None = None) -> list[Problem]:
+def code_rows_to_problems(
+    rows: list, source: str, stats: LoadStats | None = None, run_solutions: bool = True
+) -> list[Problem]:
     """Rows of a code set (HumanEval's fields, or ``prompt``/``tests``/``entry_point``/``solution``) as problems
-    whose gold is their test suite; a row without a prompt, tests or a function name is counted and skipped."""
+    whose gold is their test suite. A row that cannot judge anything is counted and skipped, naming the row: no
+    prompt, tests or function name; tests that do not compile, never call the function or pass a size bound; an
+    entry point the prompt does not define; with ``run_solutions``, a reference solution that fails its own tests
+    (run in the sandbox, when bubblewrap is here)."""
     stats = stats if stats is not None else LoadStats()
-    problems, seen_ids = [], set()
+    problems, seen_ids, rows_of = [], set(), {}
     for index, row in enumerate(rows):
         stats.rows += 1
         if not isinstance(row, dict):
@@ -476,10 +486,38 @@ def code_rows_to_problems(rows: list, source: str, stats: LoadStats | None = Non
             continue
         pid = _row_id(row, source, index, seen_ids)
         problems.append(Problem(pid, code_problem_text(code), tests.to_gold(), source, solution))
+        rows_of[pid] = index + 1
         stats.kept += 1
+    if run_solutions:
+        failing = _failing_solutions([p for p in problems if p.solution])
+        for pid in failing:
+            stats.skip("its reference solution fails its own tests", rows_of[pid])
+        problems = [p for p in problems if p.id not in failing]
+        stats.kept -= len(failing)
     if stats.skipped:
-        logger.warning("%s: kept %d of %d rows; skipped %s", source, stats.kept, stats.rows, stats.skipped)
+        named = "; ".join(f"{reason}: row(s) {', '.join(map(str, rows))}" for reason, rows in stats.examples.items())
+        logger.warning("%s: kept %d of %d rows; skipped %s (%s)", source, stats.kept, stats.rows, stats.skipped, named)
     return problems
+
+
+def _failing_solutions(problems: list[Problem]) -> set[str]:
+    """Ids of the problems whose reference solution does not pass their tests in the sandbox (none checked, with a
+    warning, where there is no sandbox)."""
+    if not problems:
+        return set()
+    from lanpo.verify.code import CodeSettings, CodeVerifier
+    from lanpo.verify.sandbox import SandboxUnavailable
+
+    try:
+        verifier = CodeVerifier(CodeSettings(timeout=10.0))
+    except SandboxUnavailable:
+        logger.warning("%d reference solutions not run against their tests: no sandbox here.", len(problems))
+        return set()
+    try:
+        scores = verifier.score_texts([p.answer for p in problems], [f"```python\n{p.solution}\n```" for p in problems])
+    finally:
+        verifier.close()
+    return {p.id for p, score in zip(problems, scores) if score < 1.0}
 
 
 def is_code_rows(rows: list) -> bool:
@@ -490,7 +528,7 @@ def is_code_rows(rows: list) -> bool:
 
 def parse_builtin(spec: str) -> tuple[str, dict[str, str]]:
     name, _, query = spec.partition("?")
-    return name, dict(parse_qsl(query))
+    return name, dict(parse_qsl(query, keep_blank_values=True))  # `levels=` is an empty list, not the default
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -600,7 +638,7 @@ def _load(spec, split, data_dir, answer_format, fields) -> list[Problem]:
 
     if spec == "humaneval":
         try:
-            return code_rows_to_problems(humaneval_rows(), "humaneval")
+            return code_rows_to_problems(humaneval_rows(), "humaneval", run_solutions=False)  # tested: all pass
         except ValueError as error:
             raise DataError(str(error)) from None
     if spec in PRESETS:

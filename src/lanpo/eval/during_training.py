@@ -104,6 +104,7 @@ class TrainingEval(TrainerCallback):
             extraction=args.answer_extraction,
             verify_time_limit=args.verify_time_limit,
             seed=args.seed + step,
+            code=args.code_settings(),  # the run's sandbox settings, as training's rewards use them
         )
         metrics = {}
         start = time.perf_counter()

@@ -19,12 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lanpo.verify.answers import extraction_mode
-from lanpo.verify.sandbox import CodeTests, Limits, Sandbox, is_code_gold
+from lanpo.verify.sandbox import MAX_WORKERS, CodeTests, Limits, Sandbox, is_code_gold
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*)\Z", re.DOTALL)
 CODE_START = re.compile(r"^(?:def|class|import|from|async\s+def)\s", re.MULTILINE)
 PYTHON_TAGS = {"python", "py", "python3", ""}
+MAX_TIMEOUT = 300.0  # seconds of one execution: past this a test suite is data gone wrong, not a slow machine
 MAX_CODE_CHARS = 20_000
 
 
@@ -63,6 +64,13 @@ class CodeSettings:
     workers: int = 2
     partial_credit: bool = False
     allow_unsandboxed: bool = False
+
+    def __post_init__(self) -> None:
+        timeout_ok = not isinstance(self.timeout, bool) and isinstance(self.timeout, int | float)
+        if not timeout_ok or not 0 < self.timeout <= MAX_TIMEOUT:
+            raise ValueError(f"code_timeout must be seconds in (0, {MAX_TIMEOUT:g}], got {self.timeout!r}.")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"code_workers must be a whole number from 1 to {MAX_WORKERS}, got {self.workers!r}.")
 
 
 class CodeVerifier:
