@@ -731,3 +731,10 @@ def test_every_code_row_kept_has_tests_that_compile_and_name_its_function(tmp_pa
     check = CodeTests.from_gold(problems[0].answer).check
     compile(check, "<tests>", "exec")
     assert "f" in check or "candidate" in check
+
+
+def test_the_configs_code_bounds_are_the_verifiers():
+    from lanpo import config
+    from lanpo.verify import code, sandbox
+
+    assert config.MAX_CODE_WORKERS == sandbox.MAX_WORKERS and config.MAX_CODE_TIMEOUT == code.MAX_TIMEOUT

@@ -10,16 +10,15 @@ import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import Literal, get_args
 
 from trl import GRPOConfig
 
 from lanpo.plan import COMPOSITION_FREE_LOSSES, HINT_TOP, OBJECTIVES, Objective, StepPlan, plan_group
 
-if TYPE_CHECKING:
-    from lanpo.verify.code import CodeSettings
-
 logger = logging.getLogger(__name__)
+MAX_CODE_TIMEOUT = 300.0  # seconds of one sandboxed execution (the verifier's bound: lanpo.verify.code)
+MAX_CODE_WORKERS = 64  # sandboxes at once (the sandbox's uid range: lanpo.verify.sandbox.MAX_WORKERS)
 
 # Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
 Schedule = Literal["constant", "linear"]
@@ -340,13 +339,6 @@ class LanpoConfig(GRPOConfig):
                 self.feedback_trigger,
             )
 
-    def code_settings(self) -> CodeSettings:
-        """How code rewards run, from the options: the one place training, evaluation during training and the
-        commands build them (it refuses limits no run can use)."""
-        from lanpo.verify.code import CodeSettings
-
-        return CodeSettings(self.code_timeout, self.code_workers, self.code_partial_credit, self.allow_unsandboxed_code)
-
     def _warn_options_that_do_nothing(self) -> None:
         """Options the combination given leaves without effect: said once, so nobody reads a result as theirs."""
         idle = []
@@ -446,7 +438,12 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"eval_modes must list zero-shot and/or retrieval, got {self.eval_modes!r}.")
         if self.verify_time_limit <= 0:
             raise ValueError(f"verify_time_limit must be > 0 seconds, got {self.verify_time_limit}.")
-        self.code_settings()  # code_timeout and code_workers within what a run can use
+        if not 0 < self.code_timeout <= MAX_CODE_TIMEOUT:  # lanpo.verify.code.CodeSettings holds the same bounds
+            raise ValueError(f"code_timeout must be seconds in (0, {MAX_CODE_TIMEOUT:g}], got {self.code_timeout!r}.")
+        if not 1 <= self.code_workers <= MAX_CODE_WORKERS:
+            raise ValueError(
+                f"code_workers must be a whole number from 1 to {MAX_CODE_WORKERS}, got {self.code_workers!r}."
+            )
         if len(set(modes)) != len(modes):
             raise ValueError(f"eval_modes names a mode twice: {self.eval_modes!r}.")
         for name in ("learning_rate", "temperature", "num_train_epochs"):

@@ -45,7 +45,7 @@ from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
 from lanpo.run.metrics import Transfer, group_outcomes, real_prompts, row_record, step_metrics, time_metrics
 from lanpo.summarize import Trial, entry_from_summary, summarize_apart
-from lanpo.verify.code import Verifier
+from lanpo.verify.code import Verifier, code_settings
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 from lanpo.verify.sandbox import is_code_gold
 
@@ -87,7 +87,7 @@ class LanpoTrainer(GRPOTrainer):
         train_dataset, self.references = take_references(train_dataset)
         if args.feedback_source != "self":  # before the model loads: a source with nothing to read stops here
             check_references(args.feedback_source, self.references)
-        self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), args.code_settings())
+        self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), code_settings(args))
         if train_dataset is not None and any(is_code_gold(a) for a in train_dataset["answer"]):
             self.verifier.start_code()  # code problems: the sandbox starts now, or the run stops here saying why
         vllm_cpu.prepare(args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -461,11 +462,12 @@ def run(argv: list[str]) -> Path:
     from lanpo.data.presets import training_split
     from lanpo.engine.models import check_model_name, load_tokenizer, resolve_model_path, size_cpu_threads
     from lanpo.eval.during_training import load_eval_problems
-    from lanpo.run.files import check_writable
+    from lanpo.run.files import check_writable, die_with_parent, hold_run_lock
     from lanpo.run.final import model_card, push_final_model, save_final_model
     from lanpo.run.plots import plot_run
     from lanpo.trainer import LanpoTrainer
 
+    die_with_parent()  # a grid cell: never an orphan training beside the runner that replaces its dead one
     train_args, model_args, config = parse(argv)  # validation happens here, before any model loads
     resolved = resolved_config(train_args, model_args, config)
     if train_args.print_config:
@@ -516,53 +518,59 @@ def run(argv: list[str]) -> Path:
     )
     preflight(config, problems)
     run_dir = Path(config.output_dir)
-    prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
-    created = not run_dir.exists()
-    # before the model loads; the folder stays (every process of a launch probes it at once), and goes again
-    # below if the run cannot start
-    check_writable(run_dir, "--output_dir", keep=True)
-    logger.info(
-        "Training on %d problems: %s%s",
-        len(problems),
-        describe(train_args, model_args, config),
-        f"; resuming from {checkpoint}" if checkpoint else "",
-    )
-    size_cpu_threads()
-    set_model_dtype(config, model_args)
+    # one trainer a run folder: a second process (an orphan of a killed grid runner, a second terminal) is refused
+    lock = hold_run_lock(run_dir) if os.environ.get("RANK", "0") == "0" else None
     try:
-        model_path = resolve_model_path(model_args.model_name_or_path)
-        trainer = LanpoTrainer(
-            model=model_path,
-            args=config,
-            train_dataset=to_prompt_dataset(problems),
-            processing_class=load_tokenizer(model_path),
-            peft_config=get_peft_config(model_args),
-            eval_problems=eval_problems,
+        prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
+        created = not run_dir.exists()
+        # before the model loads; the folder stays (every process of a launch probes it at once), and goes again
+        # below if the run cannot start
+        check_writable(run_dir, "--output_dir", keep=True)
+        logger.info(
+            "Training on %d problems: %s%s",
+            len(problems),
+            describe(train_args, model_args, config),
+            f"; resuming from {checkpoint}" if checkpoint else "",
         )
-    except BaseException:
-        if created:  # nothing of this run exists yet: leave nothing behind
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
-    if trainer.accelerator.is_main_process:
-        name = "config.yaml" if checkpoint is None else "config.resumed.yaml"
-        (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
-    if done is not None:  # killed between its last checkpoint and its final model: only the final model is missing
-        trainer._load_from_checkpoint(checkpoint)
-        trainer.state.global_step = done
-    else:
+        size_cpu_threads()
+        set_model_dtype(config, model_args)
         try:
-            trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
-        except KeyboardInterrupt:
-            raise KeyboardInterrupt(interrupted(run_dir, trainer.state.global_step)) from None
-    final = save_final_model(trainer, run_dir)
-    if trainer.accelerator.is_main_process:
-        (final / "README.md").write_text(model_card(resolved, len(problems), trainer.state.global_step))
-        plot_run(run_dir)
-        logger.info("Done: final model in %s, curves in %s", final, run_dir / "training_curves.png")
-        if config.push_to_hub:
-            push_final_model(final, config.hub_model_id or run_dir.name, config.hub_private_repo)
-    trainer.verifier.close()
-    return run_dir
+            model_path = resolve_model_path(model_args.model_name_or_path)
+            trainer = LanpoTrainer(
+                model=model_path,
+                args=config,
+                train_dataset=to_prompt_dataset(problems),
+                processing_class=load_tokenizer(model_path),
+                peft_config=get_peft_config(model_args),
+                eval_problems=eval_problems,
+            )
+        except BaseException:
+            if created:  # nothing of this run exists yet: leave nothing behind
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+        if trainer.accelerator.is_main_process:
+            name = "config.yaml" if checkpoint is None else "config.resumed.yaml"
+            (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
+        if done is not None:  # killed between its last checkpoint and its final model: only the final model is missing
+            trainer._load_from_checkpoint(checkpoint)
+            trainer.state.global_step = done
+        else:
+            try:
+                trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
+            except KeyboardInterrupt:
+                raise KeyboardInterrupt(interrupted(run_dir, trainer.state.global_step)) from None
+        final = save_final_model(trainer, run_dir)
+        if trainer.accelerator.is_main_process:
+            (final / "README.md").write_text(model_card(resolved, len(problems), trainer.state.global_step))
+            plot_run(run_dir)
+            logger.info("Done: final model in %s, curves in %s", final, run_dir / "training_curves.png")
+            if config.push_to_hub:
+                push_final_model(final, config.hub_model_id or run_dir.name, config.hub_private_repo)
+        trainer.verifier.close()
+        return run_dir
+    finally:
+        if lock is not None:
+            lock.close()
 
 
 def preflight(config, problems) -> None:
@@ -571,13 +579,13 @@ def preflight(config, problems) -> None:
     data leaves without effect, warned about."""
     from lanpo.feedback.privileged import Reference
     from lanpo.trainer import check_references
-    from lanpo.verify.code import CodeVerifier
+    from lanpo.verify.code import CodeVerifier, code_settings
     from lanpo.verify.sandbox import is_code_gold
 
     if config.feedback_source != "self":
         check_references(config.feedback_source, {p.id: Reference(p.answer, p.solution) for p in problems})
     if any(is_code_gold(p.answer) for p in problems):
-        CodeVerifier(config.code_settings()).close()
+        CodeVerifier(code_settings(config)).close()
     elif config.code_partial_credit:
         logger.warning("code_partial_credit does nothing here: the training data holds no code problems.")
 

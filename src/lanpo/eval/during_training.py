@@ -20,6 +20,7 @@ from transformers import Trainer, TrainerCallback
 from lanpo.data.loaders import Problem, default_split, load_problems, parse_builtin, split_specs
 from lanpo.data.presets import HELD_OUT, training_split
 from lanpo.eval.evaluate import EvalSettings, evaluate
+from lanpo.verify.code import code_settings
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class TrainingEval(TrainerCallback):
             extraction=args.answer_extraction,
             verify_time_limit=args.verify_time_limit,
             seed=args.seed + step,
-            code=args.code_settings(),  # the run's sandbox settings, as training's rewards use them
+            code=code_settings(args),  # the run's sandbox settings, as training's rewards use them
         )
         metrics = {}
         start = time.perf_counter()

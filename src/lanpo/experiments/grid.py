@@ -273,7 +273,9 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
     else:
         argv = ["--config", str(run.with_suffix(".yaml")), "--overwrite"]
     command = [sys.executable, "-m", "lanpo.cli", "train", *argv]
-    env = cell_env(jobs)
+    from lanpo.run.files import PARENT_ENV
+
+    env = {**cell_env(jobs), PARENT_ENV: str(os.getpid())}  # the cell ends with this runner (die_with_parent)
     if log is None:
         code = subprocess.run(command, env=env).returncode
     else:
@@ -360,9 +362,11 @@ def run_grid(
             f"--seeds {', '.join(map(str, outside))}: not seeds of {grid.name} {grid.seeds}; add them to "
             "the grid's seeds."
         )
+    from lanpo.run.files import read_user_text
+
     for path, kind in ((results_md, "experiment"), (verdict_md, "verdict")):  # before any cell runs
         if path and Path(path).is_file():
-            find_section(Path(path), Path(path).read_text(encoding="utf-8"), grid.name, kind)
+            find_section(Path(path), read_user_text(path), grid.name, kind)
     cells = grid.cells(arms, seeds)
     failed: list[str] = []
     busy: list[str] = []  # cells another runner held: left to it

@@ -457,10 +457,10 @@ def find_section(path: Path, text: str, name: str, kind: str = "experiment") -> 
 def write_section(path: Path, name: str, table: str, kind: str = "experiment") -> None:
     """Put ``table`` between this grid's markers of ``kind`` in ``path`` (appended the first time); the rest is
     kept. The file is replaced at once (a kill mid-write leaves it whole); malformed markers are refused."""
-    from lanpo.run.files import write_text_atomic
+    from lanpo.run.files import read_user_text, write_text_atomic
 
     start, end = section_markers(name, kind)
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    text = read_user_text(path) if path.is_file() else ""
     block = f"{start}\n{table}{end}"
     bounds = find_section(path, text, name, kind)
     if bounds is not None:

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -118,24 +120,112 @@ def reward_is_accuracy(rows: list[dict]) -> bool:
     return all(a is not None and abs(float(v) - float(a)) < 1e-9 for v, a in pairs)
 
 
+STALE_SECONDS = 600  # a temporary file of a rewrite this old was left by a writer that was killed
+
+
 def write_text_atomic(path: str | Path, text: str) -> None:
     """Replace ``path``'s text all at once: written to a temporary file beside it, then renamed over it, so a
-    kill mid-write leaves the old file whole (and at most a stray ``.tmp`` file), never a half or empty one."""
-    path = Path(path)
-    handle = tempfile.NamedTemporaryFile(
-        "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-    )
+    kill mid-write leaves the old file whole, never a half or empty one. Through a symlink the link's target is
+    rewritten (the link stays); a new file gets the user's umask, an old one keeps its mode; temporary files that
+    killed rewrites left are swept; an error names ``path`` as given."""
+    given = Path(path)
+    path = Path(os.path.realpath(given))
+    _sweep_stale(path)
+    try:
+        handle = tempfile.NamedTemporaryFile(
+            "w", encoding="utf-8", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
+        )
+    except OSError as error:
+        raise OSError(error.errno, f"{given} cannot be written: {error.strerror or error}") from None
     try:
         with handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        if path.exists():
-            os.chmod(handle.name, path.stat().st_mode & 0o7777)
+        os.chmod(handle.name, path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~current_umask())
         os.replace(handle.name, path)
+    except OSError as error:
+        Path(handle.name).unlink(missing_ok=True)
+        raise OSError(error.errno, f"{given} cannot be written: {error.strerror or error}") from None
     except BaseException:
         Path(handle.name).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _sweep_stale(path: Path) -> None:
+    """Remove the temporary files of rewrites of ``path`` that were killed (older than :data:`STALE_SECONDS`)."""
+    now = time.time()
+    for stray in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        try:
+            if now - stray.stat().st_mtime > STALE_SECONDS:
+                stray.unlink()
+        except OSError:
+            pass
+
+
+def read_user_text(path: str | Path) -> str:
+    """A text file the user named, as UTF-8; bytes that are not raise ``ValueError`` naming the file and line."""
+    raw = Path(path).read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw[: error.start].count(b"\n") + 1
+        raise ValueError(f"{path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
+
+
+PARENT_ENV = "LANPO_DIE_WITH_PARENT"  # a runner's pid: the process it starts ends when that runner ends
+
+
+def die_with_parent() -> None:
+    """When started by a runner that set :data:`PARENT_ENV` (``lanpo experiment``'s cells), end with it: the kernel
+    sends SIGTERM when the runner dies, however it died, so no cell trains on as an orphan beside its successor."""
+    import ctypes
+    import signal
+
+    parent = os.environ.get(PARENT_ENV)
+    if not parent:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGTERM, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if str(os.getppid()) != parent:  # the runner died before the line above: end now
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class RunFolderBusy(RuntimeError):
+    """Another live process trains this run folder."""
+
+
+def hold_run_lock(run_dir: str | Path):
+    """Take the run folder's training lock (``.NAME.lock`` beside it) for the life of this process, or raise
+    :class:`RunFolderBusy` naming the process that holds it. The kernel drops the lock of a process that dies, so
+    none goes stale; the open file is returned and must be kept."""
+    import fcntl
+
+    run_dir = Path(run_dir).resolve()
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    handle = (run_dir.parent / f".{run_dir.name}.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise RunFolderBusy(
+            f"{run_dir} is being trained by a live process ({holder}): two trainers in one folder would log every "
+            "step twice and overwrite each other's checkpoints. Wait for it, stop it, or name another --output_dir."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def check_writable(folder: str | Path, what: str, keep: bool = False) -> None:

@@ -73,6 +73,14 @@ class CodeSettings:
             raise ValueError(f"code_workers must be a whole number from 1 to {MAX_WORKERS}, got {self.workers!r}.")
 
 
+def code_settings(options) -> CodeSettings:
+    """How code rewards run, from a run's options (``code_timeout``, ``code_workers``, ``code_partial_credit``,
+    ``allow_unsandboxed_code``): the one place training and evaluation during training build them."""
+    return CodeSettings(
+        options.code_timeout, options.code_workers, options.code_partial_credit, options.allow_unsandboxed_code
+    )
+
+
 class CodeVerifier:
     """Scores completions against :class:`CodeTests` golds: 1.0 when every test passes (with ``partial_credit``,
     the share of cases passed), 0.0 on any failure, timeout, crash or missing code. Never raises for what the
