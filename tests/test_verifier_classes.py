@@ -480,3 +480,125 @@ def test_golds_that_say_which_value_is_which_or_are_one_number_stay_as_written(s
     if first != second:
         assert strict.score_texts([gold], [f"\\boxed{{x = {second}, y = {first}}}"]) == [0.0]
     assert strict.score_texts([gold], [f"\\boxed{{x = {first}, y = {second}}}"]) == [1.0]
+
+
+# -- issue 71: the list rule reads alike on either side -------------------------------------------------------
+
+
+def _list_form(values: list, form: str) -> str:
+    """One list of values written one way; every form is both a gold and (boxed) a completion's answer."""
+    text = [str(v) for v in values]
+    if form == "boxes-commas":
+        return ", ".join(f"\\boxed{{{v}}}" for v in text)
+    if form == "boxes-and":
+        return " and ".join(f"\\boxed{{{v}}}" for v in text)
+    if form == "boxes-quad":
+        return " \\quad \\text{and} \\quad ".join(f"\\boxed{{{v}}}" for v in text)
+    if form == "indexed-boxes":
+        return " \\quad \\text{and} \\quad ".join(f"\\boxed{{x_{i + 1} = {v}}}" for i, v in enumerate(text))
+    if form == "one-box-and":
+        return f"\\boxed{{{', '.join(text[:-1])} \\text{{ and }} {text[-1]}}}"
+    if form == "indexed":
+        return "\\boxed{" + ", \\quad ".join(f"x_{{{i + 1}}} = {v}" for i, v in enumerate(text)) + "}"
+    if form == "set":
+        return f"\\boxed{{\\{{{', '.join(text)}\\}}}}"
+    return f"\\boxed{{{', '.join(text)}}}"  # plain
+
+
+LIST_FORMS = ["boxes-commas", "boxes-and", "boxes-quad", "indexed-boxes", "one-box-and", "indexed", "set", "plain"]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    values=st.lists(st.integers(-50, 50), min_size=2, max_size=3, unique=True),
+    wrong=st.integers(-50, 50),
+    order=st.randoms(use_true_random=False),
+)
+def test_a_list_answer_reads_alike_as_gold_and_as_prediction(strict, values, wrong, order):
+    """Every pair of forms, each side either way round: the same values are credited; a value wrong, missing or
+    extra on the prediction's side is not (no form is read more leniently on one side than on the other)."""
+    shuffled = list(values)
+    order.shuffle(shuffled)
+    pairs = [(g, p) for g in LIST_FORMS for p in LIST_FORMS]
+    golds = [_list_form(values, g) for g, _ in pairs]
+    right = strict.score_texts(golds, [_list_form(shuffled, p) for _, p in pairs])
+    assert right == [1.0] * len(pairs), [pair for pair, s in zip(pairs, right) if s != 1.0]
+    if wrong not in values:
+        for bad in ([*shuffled[:-1], wrong], [*shuffled, wrong], shuffled[:-1]):
+            if len(bad) < 2:
+                continue
+            scores = strict.score_texts(golds, [_list_form(bad, p) for _, p in pairs])
+            assert scores == [0.0] * len(pairs), [pair for pair, s in zip(pairs, scores) if s]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    first=st.integers(-50, 50),
+    second=st.integers(-50, 50),
+    words=st.lists(st.sampled_from(["no", "wait", "hmm", "not", "maybe", "then"]), min_size=1, max_size=5),
+)
+def test_a_gold_with_prose_between_its_boxes_is_its_last_box(strict, first, second, words):
+    """Math-Verify reads the last box of such a gold: the pair of both boxes is not its answer."""
+    if first == second:
+        return
+    gold = f"\\boxed{{{first}}} {' '.join(words)} \\boxed{{{second}}}"
+    assert strict.score_texts([gold, gold], [f"\\boxed{{{first}, {second}}}", f"\\boxed{{{second}}}"]) == [0.0, 1.0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(first=st.integers(-50, 50), second=st.integers(1, 50), labels=st.sampled_from([("x", "p"), ("k", "n")]))
+def test_labels_on_either_side_and_values_in_order(strict, first, second, labels):
+    """A gold that names each value under its own label credits the same values unlabelled in its order, and the
+    labelled answer; the values swapped are not credited either way."""
+    a, b = labels
+    gold = f"{a} = {first}, {b} = \\frac{{{second}}}{{3}}"
+    same = [
+        f"\\boxed{{{first}, \\frac{{{second}}}{{3}}}}",
+        f"\\boxed{{{a} = {first}}} \\quad \\text{{and}} \\quad \\boxed{{{b} = \\frac{{{second}}}{{3}}}}",
+        f"\\boxed{{{gold}}}",
+    ]
+    assert strict.score_texts([gold] * 3, same) == [1.0] * 3
+    if Fraction(first) != Fraction(second, 3):
+        assert strict.score_texts([gold], [f"\\boxed{{\\frac{{{second}}}{{3}}, {first}}}"]) == [0.0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    low=st.integers(-50, 0),
+    width=st.integers(1, 50),
+    left=st.sampled_from(["\\le", "<"]),
+    right=st.sampled_from(["\\le", "<"]),
+)
+def test_an_interval_and_its_inequality_read_alike_either_way_round(strict, low, width, left, right):
+    high = low + width
+    inequality = f"{low} {left} x {right} {high}"
+    interval = f"{'[' if left == chr(92) + 'le' else '('}{low}, {high}{']' if right == chr(92) + 'le' else ')'}"
+    wrong = f"{'(' if left == chr(92) + 'le' else '['}{low}, {high}{']' if right == chr(92) + 'le' else ')'}"
+    golds = [inequality, interval, f"x \\in {interval}", inequality, interval]
+    preds = [
+        f"\\boxed{{{interval}}}",
+        f"\\boxed{{{inequality}}}",
+        f"\\boxed{{{inequality}}}",
+        f"\\boxed{{x \\in {interval}}}",
+        f"\\boxed{{x \\in {interval}}}",
+    ]
+    assert strict.score_texts(golds, preds) == [1.0] * 5, (golds, preds)
+    assert strict.score_texts([inequality, interval], [f"\\boxed{{{wrong}}}", f"\\boxed{{{wrong}}}"]) == [0.0, 0.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    whole=st.integers(0, 99),
+    numerator=st.integers(1, 9),
+    extra=st.integers(1, 9),
+    sign=st.sampled_from(["", "-"]),
+    form=st.sampled_from(["\\frac{{{n}}}{{{d}}}", "\\tfrac{{{n}}}{{{d}}}", " {n}/{d}"]),
+)
+def test_a_mixed_number_in_a_lesson_is_found_by_the_scrub(whole, numerator, extra, sign, form):
+    from lanpo.verify.answers import mentions_answer
+
+    denominator = numerator + extra
+    value = (Fraction(whole) + Fraction(numerator, denominator)) * (-1 if sign else 1)
+    text = f"so it comes to {sign}{whole}{form.format(n=numerator, d=denominator)} in the end"
+    answer = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+    assert mentions_answer(text, answer), (text, answer)

@@ -344,41 +344,119 @@ def stated_value(prediction: str, gold: str) -> str | None:
 
 _GOLD_LIST = re.compile(r"\\text\{\s*(?:and|or)\s*\}|\band\b|\bor\b|[,;]")
 _DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
+_QUAD = re.compile(r"\\q?quad")  # glued to what follows too: ``,\quadx_{2}``
+_SET_BRACES = (("\\{", "\\}"), ("{", "}"), ("\\left\\{", "\\right\\}"))
+_SEPARATOR_WORD = re.compile(r"\b(?:and|or)\b|[,;]|\\q?quad")  # what joins the boxes of one list answer
+_TEXT_COMMAND = re.compile(r"\\(?:text|mathrm|q?quad)")
+_PLUS_MINUS = re.compile(r"\\pm(?![A-Za-z])")
 
 
-def gold_as_list(gold: str) -> str | None:
-    """A gold answer that lists several values in a rich form, as the plain list ``v1, v2, ...``: several boxes
-    (``\\boxed{1}\\boxed{2}``), values joined by "and" or "or" (``\\boxed{6 \\text{ and } 8}``, ``$21,16$ or $11$``),
-    or under one label (``\\boxed{a=4,\\,-8,\\,-10}``, ``p = -1 \\text{ and } p = \\frac{15}{8}``). None for every
-    other gold (one value, a plain list, a tuple, an interval, an equation, and values under different labels,
-    which say which value is which): those are compared as written."""
-    text = gold.strip()
-    boxes = boxed_answers(text)
-    if len(boxes) == 1:
-        text = boxes[0]
-    elif len(boxes) > 1:
-        text = ", ".join(boxes)
+def _boxes_list(text: str, boxes: list[str]) -> bool:
+    r"""Whether several boxes of ``text`` are one list answer: nothing but separators stands between and around
+    them (``\boxed{1}, \boxed{2}``, ``\boxed{a} \quad \text{and} \quad \boxed{b}``); prose between them
+    (``\boxed{1} no no \boxed{2}``) makes the last box the answer, as Math-Verify reads it."""
+    segments, rest = [], text
+    for box in boxes:
+        head, _, rest = rest.partition(box)
+        segments.append(head)
+    between = [_BOX_OR_BRACE.sub(" ", segment) for segment in segments[1:]]
+    # each gap a separator (units beside it allowed: "\boxed{1} papers and \boxed{2}"), or no words at all
+    return all(
+        _SEPARATOR_WORD.search(gap) or not re.search(r"[A-Za-z]{2,}", _TEXT_COMMAND.sub("", gap)) for gap in between
+    )
+
+
+def _unwrap(text: str) -> str:
+    """An answer without its math delimiters and set braces: ``$${1,2,3}$$`` → ``1,2,3``."""
+    text = text.strip()
     for start, end in _DELIMITERS:
         if text.startswith(start) and text.endswith(end) and len(text) > len(start) + len(end):
             text = text[len(start) : -len(end)].strip()
-    text = _SPACING.sub(" ", text)
+    for start, end in _SET_BRACES:
+        inner = text[len(start) : -len(end)] if text.startswith(start) and text.endswith(end) else None
+        if inner and split_values(inner, _GOLD_LIST) != [inner.strip()] and "{" not in inner.replace("\\{", ""):
+            return inner.strip()
+    return text
+
+
+def _label_name(label: str) -> str:
+    """A label without its index: ``x_{1}`` and ``x_2`` both name ``x`` (roots of one equation: a list)."""
+    return _SUBSCRIPT.sub("", re.sub(r"\s+", "", label))
+
+
+def _list_items(answer: str) -> tuple[list[str], list[str], bool] | None:
+    """``(values, labels, rich)`` of an answer that lists values: its boxes when they are one list (else its last
+    box), delimiters and set braces off, split at commas, "and", "or" and semicolons, each item ``value`` or
+    ``label = value``; ``rich`` when the list was written with boxes, words or semicolons. None where an item is
+    an equation or a chain."""
+    text = answer.strip()
+    boxes = boxed_answers(text)
+    several = len(boxes) > 1 and _boxes_list(text, boxes)
+    if boxes:
+        text = ", ".join(boxes) if several else boxes[-1]
+    text = _QUAD.sub(" ", _SPACING.sub(" ", _unwrap(text)))
     items = [item.strip().strip("$").strip() for item in split_values(text, _GOLD_LIST)]
     items = [item for item in items if item]
-    rich = len(boxes) > 1 or bool(re.search(r"\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b|;", text))
-    values = []
-    labels = set()
+    rich = several or bool(re.search(r"\\text\{\s*(?:and|or)\s*\}|\b(?:and|or)\b|;", text))
+    values, labels = [], []
     for item in items:
         parts = split_values(item, _EQUALS)
         if len(parts) == 2 and is_label(parts[0]):
             values.append(parts[1])
-            labels.add(re.sub(r"\s+", "", parts[0]))
+            labels.append(_label_name(parts[0]))
         elif len(parts) == 1:
             values.append(parts[0])
         else:
-            return None  # an equation or a chain: the gold is compared as written
-    if len(labels) > 1:
-        return None  # x = 2, y = 3 names which value is which: compared as written, never as a set
+            return None
+    return values, labels, rich
+
+
+def gold_as_list(gold: str) -> str | None:
+    """A gold answer that lists several values in a rich form, as the plain list ``v1, v2, ...``: several boxes
+    with only separators between them (``\\boxed{1}\\boxed{2}``; prose between boxes makes the last box the gold),
+    values joined by "and" or "or" (``\\boxed{6 \\text{ and } 8}``, ``$21,16$ or $11$``), or
+    under one label, indices aside (``\\boxed{a=4,\\,-8,\\,-10}``, ``p = -1 \\text{ and } p = \\frac{15}{8}``,
+    ``x_1 = 2, x_2 = 3``). None for every other gold (one value, a plain list, a tuple, an interval, an equation,
+    and values under different labels, which say which value is which: :func:`labelled_values`).
+
+    The rule is the same for a prediction (:func:`answer_as_list`): a list answer reads alike on either side."""
+    found = _list_items(gold)
+    if found is None:
+        return None
+    values, labels, rich = found
+    if len(set(labels)) > 1:
+        return None  # x = 2, y = 3 names which value is which: never a set
     return ", ".join(values) if len(values) > 1 and (rich or labels) else None
+
+
+def answer_as_list(answer: str) -> str | None:
+    """The list rule of :func:`gold_as_list` applied to a prediction's final answer."""
+    return gold_as_list(answer)
+
+
+def labelled_values(answer: str) -> list[str] | None:
+    """The values of an answer that names each under a label of its own (``x = -5, p = \\frac{14}{3}``), in order;
+    None for any other answer."""
+    found = _list_items(answer)
+    if found is None:
+        return None
+    values, labels, _ = found
+    if len(values) > 1 and len(labels) == len(values) and len(set(labels)) == len(labels):
+        return values
+    return None
+
+
+def gold_answer(gold: str) -> str:
+    """The gold as lanpo compares it: normalized, a list answer as its plain list, a worked solution with boxes as
+    its answer box (the last one, or the boxes of one list)."""
+    gold = normalize_gold(gold)
+    listed = gold_as_list(gold)
+    if listed:
+        return listed
+    boxes = boxed_answers(gold)
+    if len(boxes) == 1 or (boxes and not _boxes_list(gold, boxes)):
+        return boxes[-1]
+    return gold
 
 
 def boxes_as_list(text: str, gold: str) -> str | None:
@@ -386,12 +464,16 @@ def boxes_as_list(text: str, gold: str) -> str | None:
     and ``\\boxed{3}``): the boxes as one list answer. ``None`` when the gold is one value or the number of
     distinct boxes differs from the number of the gold's values, or a box states more than one value (then
     several boxes stay a hedge)."""
-    gold_values = {_value_key(p) for p in split_values(normalize_gold(gold)) if not is_label(p)}
+    gold = _unwrap(gold_answer(gold))  # a set gold ({1,2,3}) lists its values too
+    gold_values = {_value_key(p) for p in split_values(gold) if not is_label(p)}
     if len(gold_values) < 2:
         return None
     boxes = []
     seen = set()
     for box in boxed_answers(clean(text)):
+        parts = split_values(box, _EQUALS) if box else []
+        if len(parts) == 2 and is_label(parts[0]):  # \boxed{k = 45}: the value under its label
+            box = parts[1]
         value = stated_value(box, gold) if box else None
         if value is None or len(split_values(value)) != 1:  # each box states one value
             return None
@@ -409,6 +491,7 @@ def names_several_values(prediction: str, gold: str) -> bool:
     """
     if to_number(prediction) is not None:  # one plain number, "1,234" included
         return False
+    gold, prediction = _unwrap(gold), _unwrap(prediction)  # a set ({1,2,3}) names its values, on either side
     plus_minus = re.compile(r"\\[mp]m(?![A-Za-z])")
     if plus_minus.search(prediction) and not plus_minus.search(gold):
         return True
@@ -456,3 +539,86 @@ def mentions_answer(text: str, answer: str) -> bool:
 
 def squash_words(text: str) -> str:
     return re.sub(r"\\text\{\s*(.*?)\s*\}", r"\1", clean(text))
+
+
+# -- intervals and inequalities --------------------------------------------------------------------------------
+
+_LESS = r"(?:\\leq?|\\leqslant|<=|<|\\lt)"
+_GREATER = r"(?:\\geq?|\\geqslant|>=|>|\\gt)"
+_VARIABLE = r"[A-Za-z](?:_\{?\w+\}?)?"
+_CHAIN = re.compile(
+    rf"^(?P<low>[^<>=\\]*?[^\s<>=]|.+?)\s*(?P<r1>{_LESS})\s*(?P<var>{_VARIABLE})\s*(?P<r2>{_LESS})\s*(?P<high>.+)$"
+)
+_ONE_SIDED = re.compile(rf"^(?P<var>{_VARIABLE})\s*(?P<rel>{_LESS}|{_GREATER})\s*(?P<bound>.+)$")
+_IN = re.compile(rf"^{_VARIABLE}\s*\\in\s*(?P<set>.+)$")
+_INTERVAL = re.compile(r"^[\[(].*,.*[\])]$")
+
+
+def _closed(relation: str) -> bool:
+    return "=" in relation or "le" in relation.replace("\\lt", "") or "ge" in relation.replace("\\gt", "")
+
+
+def as_interval(answer: str) -> str | None:
+    """A one-variable inequality as the interval it describes (``-2 \\le x \\le 7`` → ``[-2, 7]``, ``x > 3`` →
+    ``(3, \\infty)``), and ``x \\in [a, b]`` as ``[a, b]``; None for anything else."""
+    text = answer.strip().strip("$").strip()
+    if (inside := _IN.match(text)) is not None:
+        return inside.group("set").strip()
+    if (chain := _CHAIN.match(text)) is not None:
+        low, high = chain.group("low").strip(), chain.group("high").strip()
+        if _INTERVAL_BOUND.search(low + high):
+            return None
+        return f"{'[' if _closed(chain.group('r1')) else '('}{low}, {high}{']' if _closed(chain.group('r2')) else ')'}"
+    if (side := _ONE_SIDED.match(text)) is not None and not _INTERVAL_BOUND.search(side.group("bound")):
+        bound, relation = side.group("bound").strip(), side.group("rel")
+        if re.fullmatch(_GREATER, relation):
+            return f"{'[' if _closed(relation) else '('}{bound}, \\infty)"
+        return f"(-\\infty, {bound}{']' if _closed(relation) else ')'}"
+    return None
+
+
+_INTERVAL_BOUND = re.compile(r"[<>=]|\\[lg]eq?(?![A-Za-z])|\\[lg]t(?![A-Za-z])")
+
+
+def _both_values(answer: str) -> str | None:
+    """``a \\pm b`` as its two values ``a + b, a - b`` (``\\pm b``: ``b, -b``); None unless the answer is one such
+    value."""
+    plain = answer.strip().strip("$").strip()
+    if len(_PLUS_MINUS.findall(plain)) != 1 or split_values(plain, _GOLD_LIST)[1:] or plain[:1] in "{(":
+        return None
+    head, tail = (part.strip() for part in _PLUS_MINUS.split(plain))
+    return f"{head} + {tail}, {head} - {tail}" if head else f"{tail}, -{tail}"
+
+
+def read_alike(gold: str, prediction: str) -> tuple[str, str | None]:
+    """The gold (as :func:`gold_answer` gives it) and a prediction brought to one form by the same rules, whichever
+    side wrote which: a list answer as its plain list, labels on either side (a gold that names each value under
+    its own label against the values unlabelled: both as tuples, in order), ``a \\pm b`` against its two values,
+    an inequality against its interval. The prediction is None where it hedges (:func:`stated_value`)."""
+    prediction = answer_as_list(prediction) or prediction
+    in_order = labelled_values(gold)
+    if in_order and not _EQUALS.search(prediction):  # x = -5, p = 14/3 against -5, 14/3: the values in order
+        gold = "(" + ", ".join(in_order) + ")"  # a tuple: the order says which value is which
+        plain = prediction.strip().strip("$").strip()
+        prediction = plain if plain.startswith("(") and plain.endswith(")") else f"({plain})"
+    stated = stated_value(prediction, gold)
+    if stated is None:
+        return gold, None
+    gold_pm, pred_pm = _both_values(gold), _both_values(stated)
+    if gold_pm and not _PLUS_MINUS.search(stated):
+        gold = gold_pm
+    elif pred_pm and not _PLUS_MINUS.search(gold):
+        stated = pred_pm
+    return same_form(gold, stated)
+
+
+def same_form(gold: str, prediction: str) -> tuple[str, str]:
+    """An inequality on one side and an interval (or ``x \\in`` an interval) on the other: both as intervals, so
+    the rule reads alike whichever side wrote which. Anything else is returned as it was."""
+    gold_interval, pred_interval = as_interval(gold), as_interval(prediction)
+    gold_plain, pred_plain = gold.strip().strip("$").strip(), prediction.strip().strip("$").strip()
+    if gold_interval and (pred_interval or _INTERVAL.match(pred_plain)):
+        return gold_interval, pred_interval or pred_plain
+    if pred_interval and _INTERVAL.match(gold_plain):
+        return gold_plain, pred_interval
+    return gold, prediction

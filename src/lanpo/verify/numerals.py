@@ -378,6 +378,22 @@ def word_number(words: str) -> Fraction | None:
     return total + current if seen else None
 
 
+_MIXED = re.compile(r"(-?)(\d+)[ \t]*(?:\\[dt]?frac\{(\d+)\}\{(\d+)\}|[ \t](\d+)/(\d+)(?![\d/]))")
+
+
+def _mixed_value(match: re.Match) -> str:
+    """A mixed number's value as a fraction: ``-1\\frac{1}{2}`` is ``-3/2`` (its sign covers the fraction too)."""
+    whole, numerator, denominator = (
+        int(match.group(2)),
+        int(match.group(3) or match.group(5)),
+        int(match.group(4) or match.group(6)),
+    )
+    if denominator == 0:
+        return match.group(0)
+    value = whole * denominator + numerator
+    return f"{match.group(1)}{value}/{denominator}"
+
+
 def written_numbers(text: str) -> list[str]:
     """Every span of ``text`` that writes a number, in any of the forms lanpo reads (overlapping spans too)."""
     text = clean(text)
@@ -389,6 +405,7 @@ def written_numbers(text: str) -> list[str]:
                 taken.append(m.span())
                 found.append((m.start(), m.group(0)))
     found += [(m.start(), m.group(0)) for m in _SPACED.finditer(text)]
+    found += [(m.start(), _mixed_value(m)) for m in _MIXED.finditer(text)]  # 1\frac{1}{2}, -2 3/4: their value
     found += [
         (m.start() + len(m.group(0)) - len(m.group(0).lstrip(" -")), m.group(0).strip(" -"))
         for m in _WORD_RUN.finditer(text)

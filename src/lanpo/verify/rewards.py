@@ -27,11 +27,11 @@ from lanpo.verify.answers import (
     boxes_as_list,
     extraction_mode,
     find_answer,
-    gold_as_list,
+    gold_answer,
     latex_number,
     names_several_values,
     normalize_gold,
-    stated_value,
+    read_alike,
 )
 from lanpo.verify.code import Verifier
 from lanpo.verify.numerals import numbers_match, strip_thousands
@@ -206,15 +206,16 @@ class MathVerifier:
         todo: list[tuple[int, str, str]] = []
         for i, (raw_gold, pred) in enumerate(zip(golds, predictions)):
             self.stats["answers"] += 1
-            gold = normalize_gold(raw_gold)
-            gold = gold_as_list(gold) or gold  # several boxes, "and", labels: the plain list of its values
+            gold = gold_answer(raw_gold)  # several boxes, a set, "and", one label: the plain list of its values
             if pred is None or not str(pred).strip():
                 self.stats["no_answer"] += 1
                 continue
             pred = str(pred)
             if len(pred) > MAX_ANSWER_CHARS:
                 self.stats["too_long"] += 1
-            elif (pred := stated_value(pred, gold)) is None or names_several_values(pred, gold):
+                continue
+            gold, pred = read_alike(gold, pred)  # lists, labels, ±, intervals: one rule for either side
+            if pred is None or names_several_values(pred, gold):
                 self.stats["hedged"] += 1
             elif (same := numbers_match(gold, pred)) is not None:
                 scores[i] = float(same)
