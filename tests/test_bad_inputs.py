@@ -414,3 +414,9 @@ def test_options_that_do_nothing_in_the_combination_given_are_warned_about(tmp_p
     caplog.clear()
     LanpoConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False)
     assert "does nothing" not in caplog.text
+
+
+def test_code_partial_credit_on_data_without_code_is_warned_about_before_a_model_loads(workdir, caplog):
+    code = main(["train", "--data", "builtin:arith?n=8", "--code_partial_credit", "true", "--output_dir", "r"])
+    assert "code_partial_credit does nothing here" in caplog.text
+    assert code == 2  # the fixture refuses the model load that follows: the warning came before it

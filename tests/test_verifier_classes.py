@@ -395,6 +395,13 @@ def test_boxes_that_state_a_list_gold_one_value_a_box_are_one_answer(strict, val
 )
 def test_lenient_fallback_never_reads_a_number_out_of_an_expression(lenient, gold, other, form):
     expression = form.format(o=other, g=gold)
+    worth = {
+        "\\frac{{{o}}}{{{g}}}": Fraction(other, gold),
+        "{o}/{g}": Fraction(other, gold),
+        "{o} \\times {g}": other * gold,
+    }
+    if worth.get(form) == gold:  # 4/2 for the gold 2: the expression is the answer, not a piece of one
+        return
     assert lenient.score_texts([str(gold)], [f"so we get ${expression}$"]) == [0.0], expression
     assert lenient.score_texts([str(gold)], [f"so we get ${expression}$, which makes {gold}."]) == [1.0]
 
@@ -551,6 +558,8 @@ def test_labels_on_either_side_and_values_in_order(strict, first, second, labels
     """A gold that names each value under its own label credits the same values unlabelled in its order, and the
     labelled answer; the values swapped are not credited either way."""
     a, b = labels
+    if Fraction(first) == Fraction(second, 3):
+        return  # one value twice: two boxes of it are a repeat, not a list
     gold = f"{a} = {first}, {b} = \\frac{{{second}}}{{3}}"
     same = [
         f"\\boxed{{{first}, \\frac{{{second}}}{{3}}}}",
@@ -558,8 +567,7 @@ def test_labels_on_either_side_and_values_in_order(strict, first, second, labels
         f"\\boxed{{{gold}}}",
     ]
     assert strict.score_texts([gold] * 3, same) == [1.0] * 3
-    if Fraction(first) != Fraction(second, 3):
-        assert strict.score_texts([gold], [f"\\boxed{{\\frac{{{second}}}{{3}}, {first}}}"]) == [0.0]
+    assert strict.score_texts([gold], [f"\\boxed{{\\frac{{{second}}}{{3}}, {first}}}"]) == [0.0]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

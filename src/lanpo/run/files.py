@@ -205,12 +205,18 @@ class RunFolderBusy(RuntimeError):
 def hold_run_lock(run_dir: str | Path):
     """Take the run folder's training lock (``.NAME.lock`` beside it) for the life of this process, or raise
     :class:`RunFolderBusy` naming the process that holds it. The kernel drops the lock of a process that dies, so
-    none goes stale; the open file is returned and must be kept."""
+    none goes stale; the open file is returned and must be kept. None where no lock file can be made there (the
+    path is a file, or its folder cannot be written): the checks that follow refuse such a folder by name."""
     import fcntl
 
     run_dir = Path(run_dir).resolve()
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    handle = (run_dir.parent / f".{run_dir.name}.lock").open("a+")
+    if run_dir.exists() and not run_dir.is_dir():
+        return None  # not a folder: the run's own checks refuse it, naming it
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        handle = (run_dir.parent / f".{run_dir.name}.lock").open("a+")
+    except OSError:
+        return None  # a folder nothing can be written to: the run's own checks refuse it, naming it
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
