@@ -11,7 +11,6 @@ so a score above 0 is a forged pass.
 from __future__ import annotations
 
 import json
-import subprocess
 from contextlib import closing
 
 import pytest
@@ -22,11 +21,9 @@ from lanpo.data.loaders import load_problems
 from lanpo.verify.code import CodeSettings, CodeVerifier
 from lanpo.verify.runner import NotPlain, decode, encode
 from lanpo.verify.sandbox import CodeTests, Limits, Sandbox
+from test_code import needs_bwrap
 
-pytestmark = pytest.mark.skipif(
-    subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
-    reason="bubblewrap is not installed (make test installs it where apt-get can): the sandbox is not tested",
-)
+pytestmark = needs_bwrap
 
 CASES = CodeTests("add", cases=[[[1, 2], 3], [[2, 2], 4], [[0, 0], 0]])
 CHECK = CodeTests(

@@ -171,12 +171,9 @@ def _sweep_stale(path: Path) -> None:
 
 def read_user_text(path: str | Path) -> str:
     """A text file the user named, as UTF-8; bytes that are not raise ``ValueError`` naming the file and line."""
-    raw = Path(path).read_bytes()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise ValueError(f"{path} is not UTF-8: line {line} holds byte {raw[error.start]:#04x}.") from None
+    from lanpo.data.loaders import read_text
+
+    return read_text(path, str(path))
 
 
 PARENT_ENV = "LANPO_DIE_WITH_PARENT"  # a runner's pid: the process it starts ends when that runner ends
