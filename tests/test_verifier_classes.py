@@ -610,3 +610,25 @@ def test_a_mixed_number_in_a_lesson_is_found_by_the_scrub(whole, numerator, extr
     text = f"so it comes to {sign}{whole}{form.format(n=numerator, d=denominator)} in the end"
     answer = str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
     assert mentions_answer(text, answer), (text, answer)
+
+
+def test_the_list_and_interval_rules_stay_linear_on_long_adversarial_answers():
+    """They run in the trainer's process, outside the verifier's time limit (a generous bound, not a benchmark)."""
+    from lanpo.verify.answers import as_interval, gold_answer, read_alike
+    from lanpo.verify.numerals import _MIXED
+
+    long_inputs = [
+        "1" + " <" * 20_000 + " x" * 20_000,
+        "x" * 100_000 + " \\in",
+        "\\boxed{1} " * 5_000 + "no " * 5_000,
+        "1" * 50_000 + " " * 50_000 + "1/2",
+        ("x_1 = 2, " * 10_000) + "\\quad",
+        "-1\\frac" * 20_000,
+    ]
+    start = time.perf_counter()
+    for text in long_inputs:
+        as_interval(text)
+        gold_answer(text)
+        read_alike(text[:2_000], text[:1_000])
+        list(_MIXED.finditer(text))
+    assert time.perf_counter() - start < 10.0

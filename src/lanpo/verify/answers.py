@@ -543,41 +543,46 @@ def squash_words(text: str) -> str:
 
 # -- intervals and inequalities --------------------------------------------------------------------------------
 
-_LESS = r"(?:\\leq?|\\leqslant|<=|<|\\lt)"
-_GREATER = r"(?:\\geq?|\\geqslant|>=|>|\\gt)"
-_VARIABLE = r"[A-Za-z](?:_\{?\w+\}?)?"
-_CHAIN = re.compile(
-    rf"^(?P<low>[^<>=\\]*?[^\s<>=]|.+?)\s*(?P<r1>{_LESS})\s*(?P<var>{_VARIABLE})\s*(?P<r2>{_LESS})\s*(?P<high>.+)$"
-)
-_ONE_SIDED = re.compile(rf"^(?P<var>{_VARIABLE})\s*(?P<rel>{_LESS}|{_GREATER})\s*(?P<bound>.+)$")
-_IN = re.compile(rf"^{_VARIABLE}\s*\\in\s*(?P<set>.+)$")
-_INTERVAL = re.compile(r"^[\[(].*,.*[\])]$")
+_RELATION = re.compile(r"\\leqslant|\\geqslant|\\leq?(?![A-Za-z])|\\geq?(?![A-Za-z])|\\lt|\\gt|<=|>=|<|>")
+_VARIABLE = re.compile(r"[A-Za-z](?:_\{?\w{1,8}\}?)?")
+_IN = re.compile(r"([A-Za-z](?:_\{?\w{1,8}\}?)?)[ \t]{0,8}\\in(?![A-Za-z])")
+_INTERVAL = re.compile(r"[\[(][^\[\]()]*,[^\[\]()]*[\])]")
 
 
 def _closed(relation: str) -> bool:
-    return "=" in relation or "le" in relation.replace("\\lt", "") or "ge" in relation.replace("\\gt", "")
+    return "=" in relation or relation.startswith(("\\le", "\\ge"))
+
+
+def _less(relation: str) -> bool:
+    return relation.startswith(("<", "\\le", "\\lt"))
 
 
 def as_interval(answer: str) -> str | None:
     """A one-variable inequality as the interval it describes (``-2 \\le x \\le 7`` → ``[-2, 7]``, ``x > 3`` →
-    ``(3, \\infty)``), and ``x \\in [a, b]`` as ``[a, b]``; None for anything else."""
+    ``(3, \\infty)``), and ``x \\in [a, b]`` as ``[a, b]``; None for anything else. Linear in the answer's length
+    (it runs in the trainer's process)."""
     text = answer.strip().strip("$").strip()
-    if (inside := _IN.match(text)) is not None:
-        return inside.group("set").strip()
-    if (chain := _CHAIN.match(text)) is not None:
-        low, high = chain.group("low").strip(), chain.group("high").strip()
-        if _INTERVAL_BOUND.search(low + high):
-            return None
-        return f"{'[' if _closed(chain.group('r1')) else '('}{low}, {high}{']' if _closed(chain.group('r2')) else ')'}"
-    if (side := _ONE_SIDED.match(text)) is not None and not _INTERVAL_BOUND.search(side.group("bound")):
-        bound, relation = side.group("bound").strip(), side.group("rel")
-        if re.fullmatch(_GREATER, relation):
+    inside = _IN.match(text)
+    if inside is not None:
+        return text[inside.end() :].strip() or None
+    relations = list(_RELATION.finditer(text))
+    if len(relations) == 2 and all(_less(r.group(0)) for r in relations):
+        first, second = relations
+        low, variable, high = (
+            text[: first.start()].strip(),
+            text[first.end() : second.start()].strip(),
+            text[second.end() :].strip(),
+        )
+        if low and high and _VARIABLE.fullmatch(variable):
+            return f"{'[' if _closed(first.group(0)) else '('}{low}, {high}{']' if _closed(second.group(0)) else ')'}"
+    if len(relations) == 1:
+        relation = relations[0].group(0)
+        variable, bound = text[: relations[0].start()].strip(), text[relations[0].end() :].strip()
+        if bound and _VARIABLE.fullmatch(variable):
+            if _less(relation):
+                return f"(-\\infty, {bound}{']' if _closed(relation) else ')'}"
             return f"{'[' if _closed(relation) else '('}{bound}, \\infty)"
-        return f"(-\\infty, {bound}{']' if _closed(relation) else ')'}"
     return None
-
-
-_INTERVAL_BOUND = re.compile(r"[<>=]|\\[lg]eq?(?![A-Za-z])|\\[lg]t(?![A-Za-z])")
 
 
 def _both_values(answer: str) -> str | None:
@@ -617,8 +622,8 @@ def same_form(gold: str, prediction: str) -> tuple[str, str]:
     the rule reads alike whichever side wrote which. Anything else is returned as it was."""
     gold_interval, pred_interval = as_interval(gold), as_interval(prediction)
     gold_plain, pred_plain = gold.strip().strip("$").strip(), prediction.strip().strip("$").strip()
-    if gold_interval and (pred_interval or _INTERVAL.match(pred_plain)):
+    if gold_interval and (pred_interval or _INTERVAL.fullmatch(pred_plain)):
         return gold_interval, pred_interval or pred_plain
-    if pred_interval and _INTERVAL.match(gold_plain):
+    if pred_interval and _INTERVAL.fullmatch(gold_plain):
         return gold_plain, pred_interval
     return gold, prediction

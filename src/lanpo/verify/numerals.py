@@ -378,7 +378,9 @@ def word_number(words: str) -> Fraction | None:
     return total + current if seen else None
 
 
-_MIXED = re.compile(r"(-?)(\d+)[ \t]*(?:\\[dt]?frac\{(\d+)\}\{(\d+)\}|[ \t](\d+)/(\d+)(?![\d/]))")
+_MIXED = re.compile(
+    r"(?<![\d.])(-?)(\d{1,12})(?!\d)[ \t]{0,4}(?:\\[dt]?frac\{(\d{1,12})\}\{(\d{1,12})\}|[ \t](\d{1,12})/(\d{1,12})(?![\d/]))"
+)
 
 
 def _mixed_value(match: re.Match) -> str:
