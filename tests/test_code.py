@@ -738,3 +738,20 @@ def test_the_configs_code_bounds_are_the_verifiers():
     from lanpo.verify import code, sandbox
 
     assert config.MAX_CODE_WORKERS == sandbox.MAX_WORKERS and config.MAX_CODE_TIMEOUT == code.MAX_TIMEOUT
+
+
+def test_evaluation_during_training_honours_the_runs_code_settings(tmp_path):
+    from lanpo.config import LanpoConfig
+    from lanpo.eval.during_training import eval_settings
+
+    args = LanpoConfig(
+        output_dir=str(tmp_path),
+        use_cpu=True,
+        bf16=False,
+        code_timeout=7.5,
+        code_workers=3,
+        code_partial_credit=True,
+        allow_unsandboxed_code=True,
+    )
+    assert eval_settings(args, 4).code == CodeSettings(7.5, 3, True, True)
+    assert eval_settings(args, 4).seed == args.seed + 4

@@ -77,6 +77,20 @@ def vllm_engine(trainer):
     return generation.llm
 
 
+def eval_settings(args, step: int) -> EvalSettings:
+    """Evaluation during training's settings at optimizer step ``step``: the run's own decoding, extraction,
+    verifier limits and code sandbox (:func:`lanpo.verify.code.code_settings`, as training's rewards use them)."""
+    return EvalSettings(
+        k=args.eval_k,
+        temperature=args.temperature,
+        max_new_tokens=args.max_completion_length,
+        extraction=args.answer_extraction,
+        verify_time_limit=args.verify_time_limit,
+        seed=args.seed + step,
+        code=code_settings(args),
+    )
+
+
 class TrainingEval(TrainerCallback):
     """Added by ``LanpoTrainer`` when ``eval_every > 0``."""
 
@@ -98,15 +112,7 @@ class TrainingEval(TrainerCallback):
 
         trainer = self.trainer
         args = self.trainer.args
-        settings = EvalSettings(
-            k=args.eval_k,
-            temperature=args.temperature,
-            max_new_tokens=args.max_completion_length,
-            extraction=args.answer_extraction,
-            verify_time_limit=args.verify_time_limit,
-            seed=args.seed + step,
-            code=code_settings(args),  # the run's sandbox settings, as training's rewards use them
-        )
+        settings = eval_settings(args, step)
         metrics = {}
         start = time.perf_counter()
         retriever = trainer.retriever
