@@ -295,3 +295,14 @@ def test_the_command_line_starts_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_each_choice_list_has_one_definition():
+    """The feedback sources the config accepts are "self" and the privileged kinds the plan knows; the privileged
+    probe modes of evaluation are those kinds (issue 69: lists defined twice drift apart)."""
+    from lanpo import config, plan
+    from lanpo.eval import evaluate
+
+    assert config.FEEDBACK_SOURCES == ("self", *plan.PRIVILEGED_KINDS)
+    assert evaluate.PRIVILEGED_MODES is plan.PRIVILEGED_KINDS
+    assert not hasattr(plan, "FEEDBACK_SOURCES")

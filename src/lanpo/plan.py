@@ -19,7 +19,6 @@ COMPOSITION_FREE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", 
 SELF_KINDS = ("reflection", "abstraction")  # feedback_source self: LANPO's label-free sources
 PRIVILEGED_KINDS = ("reference", "gold", "self-hint")  # the others: each a feedback_source of its own
 FEEDBACK_KINDS = SELF_KINDS + PRIVILEGED_KINDS
-FEEDBACK_SOURCES = ("self", *PRIVILEGED_KINDS)
 HINT_TOP = 3  # hint levels run 1..HINT_TOP (reference: 1/4, 2/4, 3/4 of a solution's steps)
 
 

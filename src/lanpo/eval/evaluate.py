@@ -36,6 +36,7 @@ from pathlib import Path
 from lanpo.data.loaders import Problem
 from lanpo.engine.generation import Sample, generate
 from lanpo.feedback import build_abstraction_prompt, build_reflection_prompt
+from lanpo.plan import PRIVILEGED_KINDS
 from lanpo.pool.retrieval import LLMJudgeScorer, Retriever, make_scorer
 from lanpo.pool.store import ExperiencePool, resolve_pool_path
 from lanpo.prompts import CODE_HEADER, domain_of, is_code_problem, solve_messages
@@ -47,7 +48,7 @@ from lanpo.verify.sandbox import is_code_gold
 logger = logging.getLogger(__name__)
 
 TEST_MODES = ("zero-shot", "retrieval", "self-correct")
-PRIVILEGED_MODES = ("reference", "gold", "self-hint")  # a probe of in-context lift: never a test score
+PRIVILEGED_MODES = PRIVILEGED_KINDS  # a probe of in-context lift, one mode a privileged kind: never a test score
 MODES = TEST_MODES + PRIVILEGED_MODES
 
 
