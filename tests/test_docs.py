@@ -140,3 +140,11 @@ def test_the_python_quick_start_runs_as_written(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "pool entries" in done.stdout and (tmp_path / "runs" / "quickstart" / "metrics.jsonl").is_file()
+
+
+def test_the_package_tree_in_the_architecture_page_is_what_the_code_generates():
+    generator = _generator()
+    assert (DOCS / "architecture.md").read_text() == generator.architecture_page(), "run: make docs"
+    assert "(say what it is for" not in generator.package_tree()
+    for module in ("runner", "sandbox", "code_tasks", "console"):  # a module on disk is in the tree
+        assert module in generator.package_tree()
