@@ -56,9 +56,9 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-CODE_GOLD_KEY = "code_tests"
+CODE_GOLD_KEY = "code_tests"  # a gold answer that starts with {"code_tests": is a test suite, not a math answer
 MAX_TESTS_CHARS = 1_000_000  # a test suite past this is data gone wrong (it would also choke the sandbox's stdin)
-MAX_WORKERS = 64  # concurrent sandboxes: as root each runs under an unprivileged uid of its own, from 64 per process  # a gold answer that starts with {"code_tests": is a test suite, not a math answer
+MAX_WORKERS = 64  # concurrent sandboxes: as root each runs under an unprivileged uid of its own, from 64 per process
 
 
 @dataclass(frozen=True)
