@@ -366,6 +366,15 @@ def _boxes_list(text: str, boxes: list[str]) -> bool:
     )
 
 
+def _stated_boxes(text: str) -> tuple[str, bool]:
+    """``(what the boxes of text state, whether several boxes make one list)``: their contents joined when they
+    are one list, else the last box; text without a box as it is."""
+    boxes = boxed_answers(text)
+    if len(boxes) > 1 and _boxes_list(text, boxes):
+        return ", ".join(boxes), True
+    return (boxes[-1] if boxes else text), False
+
+
 def _unwrap(text: str) -> str:
     """An answer without its math delimiters and set braces: ``$${1,2,3}$$`` → ``1,2,3``."""
     text = text.strip()
@@ -389,11 +398,7 @@ def _list_items(answer: str) -> tuple[list[str], list[str], bool] | None:
     box), delimiters and set braces off, split at commas, "and", "or" and semicolons, each item ``value`` or
     ``label = value``; ``rich`` when the list was written with boxes, words or semicolons. None where an item is
     an equation or a chain."""
-    text = answer.strip()
-    boxes = boxed_answers(text)
-    several = len(boxes) > 1 and _boxes_list(text, boxes)
-    if boxes:
-        text = ", ".join(boxes) if several else boxes[-1]
+    text, several = _stated_boxes(answer.strip())
     text = _QUAD.sub(" ", _SPACING.sub(" ", _unwrap(text)))
     items = [item.strip().strip("$").strip() for item in split_values(text, _GOLD_LIST)]
     items = [item for item in items if item]
@@ -419,7 +424,7 @@ def gold_as_list(gold: str) -> str | None:
     ``x_1 = 2, x_2 = 3``). None for every other gold (one value, a plain list, a tuple, an interval, an equation,
     and values under different labels, which say which value is which: :func:`labelled_values`).
 
-    The rule is the same for a prediction (:func:`answer_as_list`): a list answer reads alike on either side."""
+    :func:`read_alike` applies the same rule to a prediction: a list answer reads alike on either side."""
     found = _list_items(gold)
     if found is None:
         return None
@@ -427,11 +432,6 @@ def gold_as_list(gold: str) -> str | None:
     if len(set(labels)) > 1:
         return None  # x = 2, y = 3 names which value is which: never a set
     return ", ".join(values) if len(values) > 1 and (rich or labels) else None
-
-
-def answer_as_list(answer: str) -> str | None:
-    """The list rule of :func:`gold_as_list` applied to a prediction's final answer."""
-    return gold_as_list(answer)
 
 
 def labelled_values(answer: str) -> list[str] | None:
@@ -453,10 +453,8 @@ def gold_answer(gold: str) -> str:
     listed = gold_as_list(gold)
     if listed:
         return listed
-    boxes = boxed_answers(gold)
-    if len(boxes) == 1 or (boxes and not _boxes_list(gold, boxes)):
-        return boxes[-1]
-    return gold
+    stated, several = _stated_boxes(gold)
+    return gold if several else stated  # several boxes that gold_as_list could not list: compared as written
 
 
 def boxes_as_list(text: str, gold: str) -> str | None:
@@ -600,7 +598,7 @@ def read_alike(gold: str, prediction: str) -> tuple[str, str | None]:
     side wrote which: a list answer as its plain list, labels on either side (a gold that names each value under
     its own label against the values unlabelled: both as tuples, in order), ``a \\pm b`` against its two values,
     an inequality against its interval. The prediction is None where it hedges (:func:`stated_value`)."""
-    prediction = answer_as_list(prediction) or prediction
+    prediction = gold_as_list(prediction) or prediction
     in_order = labelled_values(gold)
     if in_order and not _EQUALS.search(prediction):  # x = -5, p = 14/3 against -5, 14/3: the values in order
         gold = "(" + ", ".join(in_order) + ")"  # a tuple: the order says which value is which

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lanpo.verify.answers import extraction_mode
-from lanpo.verify.sandbox import MAX_WORKERS, CodeTests, Limits, Sandbox, is_code_gold
+from lanpo.verify.sandbox import CodeTests, Limits, Sandbox, check_workers, is_code_gold
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*)\Z", re.DOTALL)
@@ -69,8 +69,7 @@ class CodeSettings:
         timeout_ok = not isinstance(self.timeout, bool) and isinstance(self.timeout, int | float)
         if not timeout_ok or not 0 < self.timeout <= MAX_TIMEOUT:
             raise ValueError(f"code_timeout must be seconds in (0, {MAX_TIMEOUT:g}], got {self.timeout!r}.")
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 1 <= self.workers <= MAX_WORKERS:
-            raise ValueError(f"code_workers must be a whole number from 1 to {MAX_WORKERS}, got {self.workers!r}.")
+        check_workers(self.workers)
 
 
 def code_settings(options) -> CodeSettings:

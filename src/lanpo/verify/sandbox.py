@@ -111,10 +111,6 @@ class CodeTests:
             names = {node.id for node in ast.walk(ast.parse(self.check)) if isinstance(node, ast.Name)}
             if not names & {self.entry_point, "candidate"}:
                 found.append(f"the tests never call {self.entry_point} (nor a check(candidate))")
-        if self.helpers and not found:
-            defined = {n.name for n in ast.parse(self.helpers).body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
-            if self.entry_point not in defined:
-                found.append(f"the problem does not define {self.entry_point}")
         return found
 
 
@@ -235,15 +231,20 @@ def bwrap_argv(interpreter: str, tmp_mb: int = Limits.tmp_mb) -> list[str]:
     return argv + ["--", interpreter, *RUNNER_ARGS]
 
 
+def check_workers(workers) -> int:
+    """``workers`` as a count of concurrent sandboxes, 1 to :data:`MAX_WORKERS` (one uid each, as root)."""
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise ValueError(f"code_workers must be a whole number from 1 to {MAX_WORKERS}, got {workers!r}.")
+    return workers
+
+
 class Sandbox:
     """Runs :class:`CodeTests` against code, ``workers`` executions at a time. Thread-safe; counts outcomes in
     ``stats``. ``allow_unsandboxed`` runs without bubblewrap when it is missing (no security boundary)."""
 
     def __init__(self, limits: Limits | None = None, workers: int = 2, allow_unsandboxed: bool = False) -> None:
         self.limits = limits or Limits()
-        if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
-            raise ValueError(f"code_workers must be a whole number from 1 to {MAX_WORKERS}, got {workers!r}.")
-        self.workers = workers
+        self.workers = check_workers(workers)
         self.stats: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._free = threading.Condition(self._lock)
