@@ -135,6 +135,23 @@ class LoadStats:
         if row is not None and len(self.examples.setdefault(reason, [])) < 3:
             self.examples[reason].append(row)
 
+    def warn(self, source: str) -> None:
+        """One warning for what a load skipped, by reason, with the first rows of each named."""
+        if not self.skipped:
+            return
+        rows_named = "; ".join(
+            f"{reason}: row(s) {', '.join(map(str, rows))}{' ...' if self.skipped[reason] > 3 else ''}"
+            for reason, rows in self.examples.items()
+        )
+        logger.warning(
+            "%s: kept %d of %d rows; skipped %s%s",
+            source,
+            self.kept,
+            self.rows,
+            self.skipped,
+            f" ({rows_named})" if rows_named else "",
+        )
+
 
 def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | None:
     """The row's field named ``wanted`` (else the first of ``candidates``), matched case-insensitively."""
@@ -291,19 +308,7 @@ def rows_to_problems(
         solution = _solution(row, _pick(row, solution_field, SOLUTION_FIELDS), a_key, answer_format)
         problems.append(Problem(pid, text, answer, source, solution))
         stats.kept += 1
-    if stats.skipped:
-        rows_named = "; ".join(
-            f"{reason}: row(s) {', '.join(map(str, rows))}{' ...' if stats.skipped[reason] > 3 else ''}"
-            for reason, rows in stats.examples.items()
-        )
-        logger.warning(
-            "%s: kept %d of %d rows; skipped %s%s",
-            source,
-            stats.kept,
-            stats.rows,
-            stats.skipped,
-            f" ({rows_named})" if rows_named else "",
-        )
+    stats.warn(source)
     if stats.unit_notes_removed:
         logger.info(
             '%s: %d gold answers had a unit note in parentheses, removed ("9 (apples)" -> "9")',
@@ -494,9 +499,7 @@ def code_rows_to_problems(
             stats.skip("its reference solution fails its own tests", rows_of[pid])
         problems = [p for p in problems if p.id not in failing]
         stats.kept -= len(failing)
-    if stats.skipped:
-        named = "; ".join(f"{reason}: row(s) {', '.join(map(str, rows))}" for reason, rows in stats.examples.items())
-        logger.warning("%s: kept %d of %d rows; skipped %s (%s)", source, stats.kept, stats.rows, stats.skipped, named)
+    stats.warn(source)
     return problems
 
 
