@@ -777,3 +777,34 @@ def test_a_cells_files_are_recorded_byte_for_byte_even_when_they_are_not_text(tm
     assert experiment.record_cell(grid, "grpo", 0)
     assert (grid.record_dir("grpo", 0) / "metrics.jsonl").read_bytes() == metrics.read_bytes()
     assert not list(grid.record_dir("grpo", 0).glob(".*.tmp"))
+
+
+def test_reuse_counts_another_grids_finished_cells_only_where_their_config_is_this_cells(tmp_path, monkeypatch):
+    first_dir, second_dir = tmp_path / "first", tmp_path / "second"
+    first_dir.mkdir(), second_dir.mkdir()
+    first = load_grid(tiny_grid(first_dir, tmp_path / "no-model", record=str(first_dir / "record")))
+    for seed in (0, 1):
+        _finished_cell(first, "grpo", seed, {0: 0.2, 1: 0.3, 2: 0.4})
+    assert experiment.record_cell(first, "grpo", 0) and experiment.record_cell(first, "grpo", 1)
+    shutil.rmtree(first.out)  # read from the first grid's record
+    spec = yaml.safe_load((first_dir / "grid.yaml").read_text())
+    spec.update(name="second", out=str(second_dir / "out"), reuse={"grpo": str(first_dir / "grid.yaml")})
+    spec["arms"] = {"grpo": {"feedback_ratio": 0.0}, "scored": {"feedback_route": "score", "feedback_source": "gold"}}
+    (second_dir / "grid.yaml").write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "record"}))
+    second = load_grid(second_dir / "grid.yaml")
+    assert experiment.cell_state(second, "grpo", 0) == "complete"
+    assert second.result_dir("grpo", 1) == first.record_dir("grpo", 1)
+    assert experiment.cell_state(second, "scored", 0) == "new"
+    ran = []
+    monkeypatch.setattr(experiment, "run_cell", lambda g, arm, seed, *a: ran.append((arm, seed)) or True)
+    monkeypatch.setattr(experiment, "validate", lambda g, cells: None)
+    experiment.run_grid(second)
+    assert sorted(ran) == [("scored", 0), ("scored", 1)]  # the reused cells never run again
+    # a grpo arm that differs in any setting is its own cell
+    spec["arms"]["grpo"] = {"feedback_ratio": 0.0, "learning_rate": 0.5}
+    (second_dir / "grid.yaml").write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "record"}))
+    assert experiment.cell_state(load_grid(second_dir / "grid.yaml"), "grpo", 0) == "new"
+    spec["reuse"] = {"nosuch": str(first_dir / "grid.yaml")}
+    (second_dir / "grid.yaml").write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "record"}))
+    with pytest.raises(GridError, match="reuse names 'nosuch'"):
+        load_grid(second_dir / "grid.yaml")

@@ -60,7 +60,7 @@ from lanpo.experiments.stats import (
     write_section,
 )
 
-GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out", "record"}
+GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out", "record", "reuse"}
 RECORDED = (COMPLETE, "metrics.jsonl", "config.yaml")  # a finished cell's evidence, copied to the grid's record
 
 
@@ -78,9 +78,23 @@ class Grid:
     base: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)
     record: Path | None = None
+    reuse: dict[str, Grid] = field(default_factory=dict)  # arm -> the grid whose finished cells of it count here
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out / arm / f"seed-{seed}"
+
+    def reused_dir(self, arm: str, seed: int) -> Path | None:
+        """A finished cell of ``arm`` in the grid named by ``reuse``, where its config is this cell's but for the
+        output folder (and it is complete there under that config); None otherwise."""
+        other = self.reuse.get(arm)
+        if other is None or arm not in other.arms or seed not in other.seeds:
+            return None
+        mine = {k: v for k, v in self.config(arm, seed).items() if k != "output_dir"}
+        theirs = {k: v for k, v in other.config(arm, seed).items() if k != "output_dir"}
+        done = other.result_dir(arm, seed) / COMPLETE
+        if mine != theirs or not done.is_file() or _recorded_hash(done) != config_hash(other.config(arm, seed)):
+            return None
+        return done.parent
 
     def record_dir(self, arm: str, seed: int) -> Path | None:
         return self.record / arm / f"seed-{seed}" if self.record is not None else None
@@ -88,9 +102,11 @@ class Grid:
     def result_dir(self, arm: str, seed: int) -> Path:
         """Where the cell's results are read: its run in OUT, or its record when OUT holds no finished run."""
         run, kept = self.run_dir(arm, seed), self.record_dir(arm, seed)
-        if not (run / COMPLETE).is_file() and kept is not None and (kept / COMPLETE).is_file():
+        if (run / COMPLETE).is_file():
+            return run
+        if kept is not None and (kept / COMPLETE).is_file():
             return kept
-        return run
+        return self.reused_dir(arm, seed) or run
 
     def config(self, arm: str, seed: int) -> dict:
         return {
@@ -130,7 +146,7 @@ def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise GridError(f"{path}: extends {parent}, which extends it back.")
     if not parent.is_file():
         raise GridError(f"{path}: the grid it extends, {parent}, does not exist.")
-    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out", "record"}}
+    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out", "record", "reuse"}}
     settings = {**(inherited.get("settings") or {}), **(spec.get("settings") or {})}
     return {**inherited, **spec, "settings": settings}
 
@@ -165,6 +181,14 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
     if reference not in arms:
         raise GridError(f"{path}: reference {reference!r} is not one of the arms ({', '.join(arms)}).")
     name = str(spec.get("name") or path.stem)
+    reuse = {}
+    for arm, other_path in (spec.get("reuse") or {}).items():
+        if arm not in arms:
+            raise GridError(f"{path}: reuse names {arm!r}, which is not one of the arms ({', '.join(arms)}).")
+        other_path = (path.parent / str(other_path)).resolve()
+        if not other_path.is_file() or other_path == path.resolve():
+            raise GridError(f"{path}: reuse: {arm}: {other_path} is not another grid file.")
+        reuse[str(arm)] = load_grid(other_path)
     return Grid(
         name,
         arms,
@@ -174,6 +198,7 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
         base,
         dict(spec.get("settings") or {}),
         Path(spec["record"]) if spec.get("record") else None,
+        reuse,
     )
 
 
@@ -199,6 +224,8 @@ def cell_state(grid: Grid, arm: str, seed: int) -> str:
 
     run = grid.run_dir(arm, seed)
     done = grid.result_dir(arm, seed) / COMPLETE
+    if done.parent == grid.reused_dir(arm, seed):  # finished by another grid under this very config
+        return "complete"
     if done.is_file():
         return "complete" if _recorded_hash(done) == config_hash(grid.config(arm, seed)) else "changed"
     try:
