@@ -69,6 +69,7 @@ LANPO_PREFIXES = (
     "verifier/",
     "eval/",
     "kl/",
+    "score/",
 )
 
 
@@ -77,8 +78,15 @@ LANPO_PREFIXES = (
     [
         dict(context_in_loss="strip", beta=0.1),
         dict(feedback_trigger="unsolved", feedback_ratio=0.5, reflection_share=1.0, feedback_max_completion_length=10),
+        dict(
+            feedback_route="score",
+            feedback_source="gold",
+            eval_every=1,
+            eval_benchmarks="builtin:arith?split=test&n=2",
+            eval_k=2,
+        ),
     ],
-    ids=["strip", "unsolved"],
+    ids=["strip", "unsolved", "score"],
 )
 def test_every_lanpo_metric_a_run_logs_is_in_the_metrics_reference(tiny_model_dir, tmp_path, overrides):
     from lanpo.run.metrics import metric_pattern

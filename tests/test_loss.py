@@ -37,9 +37,9 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
     checked = {"rows": 0, "tokens": 0}
     attach = trainer._attach_feedback_inputs
 
-    def attach_and_reference(output):
-        attach(output)
-        rows = trainer._rows
+    def attach_and_reference(output, generation):
+        attach(output, generation)
+        rows = generation.rows
         # the reference: one forward under each row's context (plain prompt for scratch rows), as before
         reference = _forward(
             trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"], output["completion_mask"]
@@ -97,9 +97,9 @@ def test_strip_mode_falls_back_to_a_forward_when_a_generator_reports_no_log_prob
     trainer._generate_ids = lambda ids: (original(ids)[0], None)
     attach, checked = trainer._attach_feedback_inputs, []
 
-    def attach_and_check(output):
-        attach(output)
-        rows = trainer._rows
+    def attach_and_check(output, generation):
+        attach(output, generation)
+        rows = generation.rows
         assert all(r.sampler_logps is None for r in rows)
         reference = _forward(
             trainer, [r.context_ids or r.plain_ids for r in rows], output["completion_ids"], output["completion_mask"]

@@ -330,9 +330,9 @@ def test_no_solution_reaches_a_scratch_row_an_attempt_a_summary_or_the_reward(ti
     rows_seen, trials_seen = [], []
     after, add = trainer._after_rollouts, trainer._add_summaries
 
-    def capture(output):
-        rows_seen.extend(trainer._rows)
-        after(output)
+    def capture(output, generation):
+        rows_seen.extend(generation.rows)
+        after(output, generation)
 
     def summaries(trials, texts):
         trials_seen.extend(trials)

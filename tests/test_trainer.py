@@ -133,11 +133,13 @@ def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path):
 def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live(tiny_model_dir, tmp_path, monkeypatch):
     trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
     trainer.train()
-    reflected = [r for r in trainer._rows if r.kind == "reflection" and r.has_feedback]
+    reflected = [r for r in trainer.last_generation.rows if r.kind == "reflection" and r.has_feedback]
     assert reflected
     for row in reflected:
         context = row.context[-1]["content"]
-        attempts = [r.text for r in trainer._rows if r.problem_id == row.problem_id and r.kind == "scratch"]
+        attempts = [
+            r.text for r in trainer.last_generation.rows if r.problem_id == row.problem_id and r.kind == "scratch"
+        ]
         assert any(a.strip() and a.strip() in context for a in attempts)
         assert not leakage_problems(context, row.gold, [row.problem, *attempts])
 
@@ -146,7 +148,7 @@ def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live
     monkeypatch.setattr(lanpo.prompts, "REFLECTION_TEMPLATE", lanpo.prompts.REFLECTION_TEMPLATE + "\nreward: 1.0")
     leaky = make_trainer(tiny_model_dir, tmp_path, "leaky", feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
     leaky.train()  # a context that cannot be built never stops a run: the row falls back, counted with a reason
-    assert not any(r.has_feedback for r in leaky._rows)
+    assert not any(r.has_feedback for r in leaky.last_generation.rows)
     assert history(leaky, "lanpo/fallback/label_talk_in_template") == [1.0]
 
 
@@ -455,7 +457,7 @@ def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_
     original = trainer._generate_ids
     trainer._generate_ids = lambda ids: calls.append(len(ids)) or original(ids)
     trainer.train()
-    reflected = [r for r in trainer._rows if r.kind == "reflection"]
+    reflected = [r for r in trainer.last_generation.rows if r.kind == "reflection"]
     assert reflected and all(
         r.has_feedback and f"STORED ATTEMPT FOR {r.problem_id}" in r.context[-1]["content"] for r in reflected
     )
@@ -483,12 +485,14 @@ def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_need
     trainer.pool.add_attempts = lambda attempts: stored.extend(attempts) or add(attempts)
     rows_seen = trainer._after_rollouts
 
-    def after(output):
+    def after(output, generation):
         assert len(output["completion_ids"]) == 8  # attempts ahead never reach TRL's batch
         reflected.extend(
-            (trainer.state.global_step, r.problem_id, r.context[-1]["content"]) for r in trainer._rows if r.has_feedback
+            (trainer.state.global_step, r.problem_id, r.context[-1]["content"])
+            for r in generation.rows
+            if r.has_feedback
         )
-        return rows_seen(output)
+        return rows_seen(output, generation)
 
     trainer._after_rollouts = after
     trainer.train()
@@ -553,15 +557,15 @@ def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir,
     stub_summaries(trainer)
     seen, after = [], trainer._after_rollouts
 
-    def capture(output):
+    def capture(output, generation):
         shared = output["advantages"].clone()
-        after(output)
+        after(output, generation)
         seen.append(
             (
                 shared,
                 output["advantages"].clone(),
-                trainer._rewards_per_func[:, 0].clone(),
-                [r.has_feedback for r in trainer._rows],
+                generation.rewards_per_func[:, 0].clone(),
+                [r.has_feedback for r in generation.rows],
             )
         )
 
@@ -656,12 +660,12 @@ def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_g
     original = trainer._generate_ids
     trainer._generate_ids = lambda ids: calls.append(len(ids)) or original(ids)
     trainer.train()
-    reflected = [r for r in trainer._rows if r.kind == "reflection" and r.has_feedback]
+    reflected = [r for r in trainer.last_generation.rows if r.kind == "reflection" and r.has_feedback]
     from_store = [r for r in reflected if "STORED ATTEMPT" in r.context[-1]["content"]]
     stored_ids = {p.id for p in stored}
     assert all(r.problem_id in stored_ids for r in from_store)
     assert all(r.problem_id not in stored_ids for r in reflected if r not in from_store)
-    groups_without = len({r.problem_id for r in trainer._rows} - stored_ids)
+    groups_without = len({r.problem_id for r in trainer.last_generation.rows} - stored_ids)
     assert calls[0] == 8 - 2 * groups_without and (calls[1:] == [2 * groups_without] if groups_without else True)
 
 
@@ -823,9 +827,9 @@ def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_f
     stub_summaries(trainer)
     calls, seen, after = _scripted_scores(trainer), [], trainer._after_rollouts
 
-    def capture(output):
-        seen.append([(r.kind, r.has_feedback, r.triggered, r.text, r.context) for r in trainer._rows])
-        after(output)
+    def capture(output, generation):
+        seen.append([(r.kind, r.has_feedback, r.triggered, r.text, r.context) for r in generation.rows])
+        after(output, generation)
 
     trainer._after_rollouts = capture
     trainer.train()
@@ -943,9 +947,9 @@ def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_
     trainer._generate_ids = generate
     widths, after = [], trainer._after_rollouts
 
-    def capture(output):
-        widths.append([(r.has_feedback, len(r.completion_ids)) for r in trainer._rows])
-        after(output)
+    def capture(output, generation):
+        widths.append([(r.has_feedback, len(r.completion_ids)) for r in generation.rows])
+        after(output, generation)
 
     trainer._after_rollouts = capture
     trainer.train()

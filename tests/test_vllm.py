@@ -125,9 +125,9 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
     stub_summaries(trainer)
     checked, masks, after = [], [], trainer._after_rollouts
 
-    def check(output):
-        after(output)
-        rows = trainer._rows
+    def check(output, generation):
+        after(output, generation)
+        rows = generation.rows
         feedback = torch.tensor([r.has_feedback for r in rows])[:, None] & output["completion_mask"].bool()
         assert feedback.any()
         reference = _forward(

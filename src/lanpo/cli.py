@@ -24,6 +24,10 @@ COMMANDS = {
         "supervised fine-tuning on sft-data examples (TRL SFTTrainer); `lanpo sft --help` lists every field",
     ),
     "eval": ("lanpo.commands.eval", "evaluate a model: mean@k / pass@k in zero-shot, retrieval and self-correct modes"),
+    "gate": (
+        "lanpo.commands.gate",
+        "before a feedback_route score grid: does a context tell right rollouts from wrong when it only scores them",
+    ),
     "pool": ("lanpo.commands.pool", "inspect and move experience pools: stats, show, export, import"),
     "compare": ("lanpo.commands.compare", "compare runs (e.g. LANPO vs GRPO): markdown table and PNG plots"),
     "report": (
@@ -31,7 +35,7 @@ COMMANDS = {
         "one self-contained HTML report of runs: curves, pool browser, rollouts, evals",
     ),
     "experiment": (
-        "lanpo.commands.experiment",
+        "lanpo.experiments.command",
         "a grid of arms x seeds from one base config, resumable; one results table",
     ),
 }

@@ -14,7 +14,16 @@ from typing import Literal, get_args
 
 from trl import GRPOConfig
 
-from lanpo.plan import COMPOSITION_FREE_LOSSES, HINT_TOP, OBJECTIVES, Objective, StepPlan, plan_group
+from lanpo.plan import (
+    COMPOSITION_FREE_LOSSES,
+    HINT_TOP,
+    OBJECTIVES,
+    SCORE_SOURCES,
+    Objective,
+    Scoring,
+    StepPlan,
+    plan_group,
+)
 
 logger = logging.getLogger(__name__)
 MAX_CODE_TIMEOUT = 300.0  # seconds of one sandboxed execution (the verifier's bound: lanpo.verify.code)
@@ -24,7 +33,12 @@ MAX_CODE_WORKERS = 64  # sandboxes at once (the sandbox's uid range: lanpo.verif
 Schedule = Literal["constant", "linear"]
 ReflectionSource = Literal["auto", "step", "pool", "ahead"]
 Trigger = Literal["always", "unsolved"]
-FeedbackSourceName = Literal["self", "reference", "gold", "self-hint"]
+FeedbackSourceName = Literal["self", "reference", "gold", "self-hint", "sibling"]
+FeedbackRoute = Literal["generate", "score", "both"]
+ScoreForm = Literal["additive", "contrastive"]
+ScoreTeacher = Literal["initial", "live", "ema"]
+ScoreRows = Literal["failed", "all"]
+ScoreContext = Literal["right", "control"]
 HintSchedule = Literal["ladder", "fixed"]
 Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["strip", "strip-sequence", "shaped", "unweighted", "keep"]
@@ -35,6 +49,13 @@ EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-s
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
 TRIGGERS, FEEDBACK_SOURCES, HINT_SCHEDULES = get_args(Trigger), get_args(FeedbackSourceName), get_args(HintSchedule)
 LOGPROB_HEADS = get_args(LogprobHead)
+ROUTES, SCORE_FORMS, SCORE_TEACHERS, SCORE_ROWS, SCORE_CONTEXTS = (
+    get_args(FeedbackRoute),
+    get_args(ScoreForm),
+    get_args(ScoreTeacher),
+    get_args(ScoreRows),
+    get_args(ScoreContext),
+)
 CONTEXT_IN_LOSS, ADVANTAGE_GROUPING, EXTRACTIONS = (
     get_args(ContextInLoss),
     get_args(AdvantageGrouping),
@@ -87,8 +108,63 @@ class LanpoConfig(GRPOConfig):
             "worked solutions and gold answers: reference, the first part of the worked solution at a hint level "
             "(UFT, GHPO, QuestA); gold, the model's attempt, 'the generated solution is incorrect, the ground truth "
             "is X', solve again (Critique-GRPO); self-hint, a hint the policy writes from the solution, dropped if "
-            "it states the answer (SAGE)."
+            "it states the answer (SAGE). sibling (feedback_route score only): a right rollout of the same group "
+            "(SDPO), no gold needed."
         },
+    )
+    feedback_route: FeedbackRoute = field(
+        default="generate",
+        metadata={
+            "help": "How feedback reaches the loss. generate: rows are sampled under the context (LANPO; "
+            "context_in_loss says how they are trained). score: every row is a plain rollout, and the policy given "
+            "the context (a teacher) only scores them: its per-token log-ratio joins the advantage (SDPO, OPSD, "
+            "RLCSD; feedback_source gold, reference or sibling). both: generated rows, and the plain ones scored."
+        },
+    )
+    score_form: ScoreForm = field(
+        default="additive",
+        metadata={
+            "help": "score: additive, A_t = A + score_coef * clip(log pi_T(y_t|c,x) - log pi_old(y_t|x), "
+            "+-score_clip) (SDPO, OPSD); contrastive, the teacher's log-ratio of the right context over "
+            "score_wrong_contexts wrong ones in the same template, a clamped tanh residual added to A without "
+            "flipping its sign (RLCSD)."
+        },
+    )
+    score_teacher: ScoreTeacher = field(
+        default="initial",
+        metadata={
+            "help": "score: which weights score under the context. initial, the frozen start model (OPSD; the KL "
+            "reference when beta > 0, no extra memory); live, the policy itself; ema, a copy moving toward the "
+            "policy by score_ema_rate each step (SDPO)."
+        },
+    )
+    score_coef: float = field(
+        default=1.0, metadata={"help": "score: lambda, the weight of the teacher's signal (0: exactly GRPO)."}
+    )
+    score_clip: float = field(
+        default=2.0, metadata={"help": "score, additive: the per-token log-ratio is clipped to +-score_clip."}
+    )
+    score_rows: ScoreRows = field(
+        default="failed",
+        metadata={"help": "score: which plain rows are scored: failed (the verifier did not credit them), or all."},
+    )
+    score_context: ScoreContext = field(
+        default="right",
+        metadata={
+            "help": "score: right, the row's own context; control, the same template showing another problem's "
+            "answer or solution (a style and compute control for experiments: what scoring does without "
+            "information)."
+        },
+    )
+    score_wrong_contexts: int = field(
+        default=2,
+        metadata={
+            "help": "score, contrastive: wrong contexts a row is also scored under (other problems' answers or "
+            "solutions of the batch, in the identical template)."
+        },
+    )
+    score_ema_rate: float = field(
+        default=0.05, metadata={"help": "score_teacher ema: the teacher moves this share toward the policy a step."}
     )
     hint_level: int = field(
         default=1,
@@ -382,6 +458,12 @@ class LanpoConfig(GRPOConfig):
         choice("feedback_schedule", SCHEDULES)
         choice("feedback_trigger", TRIGGERS)
         choice("feedback_source", FEEDBACK_SOURCES)
+        choice("feedback_route", ROUTES)
+        choice("score_form", SCORE_FORMS)
+        choice("score_teacher", SCORE_TEACHERS)
+        choice("score_rows", SCORE_ROWS)
+        choice("score_context", SCORE_CONTEXTS)
+        self._check_scoring()
         choice("hint_schedule", HINT_SCHEDULES)
         if not 1 <= self.hint_level <= HINT_TOP:
             raise ValueError(f"hint_level must be 1 to {HINT_TOP}, got {self.hint_level}.")
@@ -457,6 +539,49 @@ class LanpoConfig(GRPOConfig):
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}.")
 
+    def _check_scoring(self) -> None:
+        if self.feedback_route == "generate":
+            if self.feedback_source == "sibling":
+                raise ValueError(
+                    "feedback_source sibling scores plain rows with a right rollout of their group: it needs "
+                    "feedback_route score (there is no sibling row to generate under)."
+                )
+            return
+        if self.feedback_source not in SCORE_SOURCES:
+            raise ValueError(
+                f"feedback_route {self.feedback_route} scores rows under a context from {', '.join(SCORE_SOURCES)}; "
+                f"feedback_source {self.feedback_source} writes its contexts by generating (use feedback_route "
+                "generate)."
+            )
+        if self.feedback_route == "both" and self.feedback_source == "sibling":
+            raise ValueError("feedback_route both generates rows under feedback_source; sibling can only score.")
+        if not self.score_coef >= 0:
+            raise ValueError(f"score_coef must be >= 0, got {self.score_coef}.")
+        if not self.score_clip > 0:
+            raise ValueError(f"score_clip must be > 0, got {self.score_clip}.")
+        if not 1 <= self.score_wrong_contexts <= 8:
+            raise ValueError(f"score_wrong_contexts must be 1 to 8, got {self.score_wrong_contexts}.")
+        if not 0 < self.score_ema_rate <= 1:
+            raise ValueError(f"score_ema_rate must be in (0, 1], got {self.score_ema_rate}.")
+
+    @property
+    def scoring(self) -> Scoring | None:
+        """``feedback_route`` and the ``score_*`` fields decoded (None: nothing is scored, the step is GRPO's or
+        LANPO's generated route)."""
+        if self.feedback_route == "generate" or self.score_coef == 0:
+            return None
+        return Scoring(
+            source=self.feedback_source,
+            form=self.score_form,
+            teacher=self.score_teacher,
+            coef=self.score_coef,
+            clip=self.score_clip,
+            rows=self.score_rows,
+            level=self.hint_level,
+            wrong=self.score_wrong_contexts,
+            control=self.score_context == "control",
+        )
+
     @property
     def objective(self) -> Objective:
         """``context_in_loss`` decoded: how feedback rows reach the loss (the one place the string is read)."""
@@ -510,8 +635,12 @@ class LanpoConfig(GRPOConfig):
 
     def step_plan(self, step: int) -> StepPlan:
         """The plan of optimizer step ``step``: built once, when its generation batch starts (``LanpoTrainer``)."""
+        generated = self.feedback_route != "score"  # under score every row is a plain rollout
         group = plan_group(
-            self.num_generations, self.feedback_ratio_at(step), self.reflection_share, self.feedback_source
+            self.num_generations,
+            self.feedback_ratio_at(step) if generated else 0.0,
+            self.reflection_share,
+            self.feedback_source,
         )
         objective = self.objective
         # Sorting rows by prompt length changes which rows share a micro-batch: only where that leaves the loss and
@@ -534,6 +663,7 @@ class LanpoConfig(GRPOConfig):
             bucket_by_prompt_length=buckets,
             hint_escalation=self.hint_escalation,
             hint_scale=self.hint_scale_at(step),
+            scoring=self.scoring,
         )
 
     def hint_scale_at(self, step: int) -> float:

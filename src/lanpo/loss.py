@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from lanpo import objective
+from lanpo import objective, score
 from lanpo.plan import StepPlan
 
 # The keys a step's batch carries for the loss, besides TRL's own.
@@ -95,7 +95,7 @@ def capture(batch: dict[str, Any]) -> LossCapture | None:
     plan = plan_of(batch)
     if plan is None or not plan.has_feedback:
         return None
-    inputs = {k: v for k, v in batch.items() if k not in (PLAN, HAS_FEEDBACK, CONTEXT_LOGPS, CORRECT)}
+    inputs = {k: v for k, v in batch.items() if k not in (PLAN, HAS_FEEDBACK, CONTEXT_LOGPS, CORRECT, *score.KEYS)}
     correct = batch.get(CORRECT)
     return LossCapture(
         plan,

@@ -78,6 +78,28 @@ OBJECTIVES = {
 }
 
 
+# Where a scoring context comes from (feedback_route score): the privileged sources that need no generation of their
+# own, and ``sibling``, a right rollout of the same group (SDPO), which needs no gold.
+SCORE_SOURCES = ("gold", "reference", "sibling")
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How a feedback context reaches the loss without generating rows (``feedback_route score``/``both``): a
+    teacher, the policy given the context, scores each chosen plain rollout, and the per-token log-ratio joins the
+    advantage (:mod:`lanpo.score`). Decoded once from the config, like :class:`Objective`."""
+
+    source: str  # a SCORE_SOURCES entry: what the context shows
+    form: str  # "additive" (SDPO / OPSD: A_t = A + coef * clip(log-ratio)) or "contrastive" (RLCSD)
+    teacher: str  # "initial" (frozen start model), "live" (the policy itself) or "ema"
+    coef: float  # lambda
+    clip: float  # additive: |log-ratio| bound
+    rows: str  # "failed": rows the verifier did not credit; "all"
+    level: int = 2  # reference: the hint level its context shows
+    wrong: int = 2  # contrastive: wrong contexts (other problems' answers or solutions in the identical template)
+    control: bool = False  # score under a wrong context instead of the right one (a style and compute control)
+
+
 @dataclass(frozen=True)
 class StepPlan:
     """Everything a step decides before it generates, in one immutable object."""
@@ -91,6 +113,7 @@ class StepPlan:
     bucket_by_prompt_length: bool  # keep: micro-batches sorted by prompt length (lanpo.loss.bucket_by_prompt_length)
     hint_escalation: int = 0  # privileged sources: rounds that re-generate still-failed hinted rows a level up
     hint_scale: float = 1.0  # privileged sources: the share of a hint kept at this step (hint_anneal_steps)
+    scoring: Scoring | None = None  # feedback_route score or both: how the context scores plain rows (None: never)
 
     @property
     def has_feedback(self) -> bool:

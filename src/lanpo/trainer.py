@@ -7,6 +7,7 @@ checkpoint hooks. With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
@@ -14,18 +15,20 @@ import time
 import warnings
 from collections import Counter
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import gather_object, is_peft_model
+from accelerate.utils import extract_model_from_parallel, gather_object, is_peft_model
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
+from trl.trainer.callbacks import SyncRefModelCallback
 
-from lanpo import loss, objective, rollout
+from lanpo import loss, objective, rollout, score
 from lanpo.config import LanpoConfig
 from lanpo.data.loaders import problem_of, with_answer_column
 from lanpo.engine import vllm_cpu
@@ -34,9 +37,9 @@ from lanpo.engine.logprobs import HeadRequest, add_compact_lm_head
 from lanpo.engine.models import CpuShare, follow_other_work
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
-from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
+from lanpo.feedback.privileged import HintLadder, PrivilegedKit, Reference, take_references
 from lanpo.feedback.registry import make_sources
-from lanpo.plan import StepPlan
+from lanpo.plan import Scoring, StepPlan
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
 from lanpo.prompts import Messages, solve_messages, with_prefill
@@ -45,6 +48,7 @@ from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
 from lanpo.run.metrics import Transfer, group_outcomes, real_prompts, row_record, step_metrics, time_metrics
 from lanpo.summarize import Trial, entry_from_summary, summarize_apart
+from lanpo.verify.answers import find_answer
 from lanpo.verify.code import Verifier, code_settings
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 from lanpo.verify.sandbox import is_code_gold
@@ -52,6 +56,26 @@ from lanpo.verify.sandbox import is_code_gold
 logger = logging.getLogger(__name__)
 
 FEEDBACK_STATE = "feedback_state.json"  # a checkpoint's hint ladder and transfer record
+EMA_TEACHER = "ema_teacher.pt"  # score_teacher ema: a checkpoint's teacher weights
+
+
+@dataclass
+class Generation:
+    """One generation batch on its way through TRL's hooks: created where the batch's generation starts
+    (``_generate_and_score_completions``), filled by the rollout (``rows``, ``ahead``) and the reward hook
+    (``rewards_per_func``), handed to every later stage, and gone when the generation ends (``last_generation``
+    keeps the last one for inspection)."""
+
+    plan: StepPlan
+    inputs: list[dict]  # this process's rows of the batch, as TRL passes them (G consecutive rows a problem)
+    rows: list[rollout.Row] | None = None
+    rewards_per_func: torch.Tensor | None = None  # gathered over every process, (N_global, n_funcs)
+    ahead: list[rollout.Ahead] = field(default_factory=list)  # attempts at the next step's problems, to store
+
+    def local(self, tensor: torch.Tensor, process_index: int) -> torch.Tensor:
+        """This process's rows of a tensor gathered over every process (TRL gathers in process order)."""
+        n = len(self.inputs)
+        return tensor[process_index * n : (process_index + 1) * n]
 
 
 class LanpoTrainer(GRPOTrainer):
@@ -106,6 +130,7 @@ class LanpoTrainer(GRPOTrainer):
                 rollout_func=self._rollout,
             )
         vllm_cpu.use_reload_weights(self)
+        self.teacher = self._teacher_copy(args.scoring)  # scoring with weights of their own (else None)
         self._head_request = self._compact_heads() if args.logprob_head == "compact" else None
         if args.old_logps_from_loss and not self._old_logps_from_loss():
             logger.warning(
@@ -177,16 +202,17 @@ class LanpoTrainer(GRPOTrainer):
             collective=self.accelerator.num_processes > 1,
         )
         self._plan: StepPlan | None = None  # the plan of the step at hand, built when its generation starts
+        self._generation: Generation | None = None  # the generation under way, inside TRL's hooks only
+        self.last_generation: Generation | None = None  # the last finished one (tests, debugging)
         self._capture: loss.LossCapture | None = None  # the micro-batch inside TRL's loss, on steps with feedback
         self._correct_at_forward: dict | None = None  # the micro-batch whose vLLM correction waits for the forward
+        self._score_at_forward: tuple[dict, score.ScoreCapture] | None = None  # likewise, its scored advantages
         self._pending: list[Trial] = []  # trials whose summaries ride (or go on) in the next generation batch
-        self._rows: list[rollout.Row] | None = None  # this step's rows, their inputs and (global) rewards
-        self._batch_inputs = None
         self._peeked: list = []  # reflection_source ahead: the batches of the next step, pulled a step early
         self._peeked_from = None  # the epoch iterator they came from
-        self._ahead: list[rollout.Ahead] = []  # this step's attempts at the next step's problems, to store
-        self._rewards_per_func = None
+        self._handed: list = []  # reflection_source ahead: the batch this step's generation must come from
         self._timer, self._step_counts, self._summary_stats = Counter(), Counter(), Counter()
+        self._score_sums = torch.zeros(6)  # this optimizer step's scoring sums (lanpo.score.rewrite_advantages)
         self._staging = False  # while a checkpoint is written, transformers writes it under RUN/.staging
         if args.eval_every:
             self.add_callback(
@@ -249,36 +275,36 @@ class LanpoTrainer(GRPOTrainer):
         """TRL's ``rollout_func``: one completion per row of ``prompts`` (G consecutive rows per problem)."""
         if not self.model.training:  # evaluation during training: plain prompts, like the test condition
             return self._plain_rollout(prompts, self.num_generations_eval or self.num_generations)
-        g, inputs = self.num_generations, self._batch_inputs
-        if inputs is None or len(inputs) != len(prompts) or len(prompts) % g:
+        g, generation = self.num_generations, self._generation
+        if generation is None or len(generation.inputs) != len(prompts) or len(prompts) % g:
             raise RuntimeError("LanpoTrainer rollouts must come from its own _generate_and_score_completions.")
-        plan = self._plan
+        plan, inputs = generation.plan, generation.inputs
         if not plan.has_feedback:  # no feedback this step: exactly GRPO's generation
-            self._rows = rollout.make_rows(inputs, g)
+            generation.rows = rollout.make_rows(inputs, g)
             self._summarize_pending_apart()
             start = time.perf_counter()
             output = self._plain_rollout(prompts, g)
             self._timer["generate"] += time.perf_counter() - start
-            for row, ids, plain in zip(self._rows, output["completion_ids"], output["prompt_ids"]):
+            for row, ids, plain in zip(generation.rows, output["completion_ids"], output["prompt_ids"]):
                 row.completion_ids = list(ids)
                 row.plain_ids = list(plain)
                 row.text = self._model_io.decode(ids)
             return output
-        self._rows = rollout.make_rows(inputs, g, plan.group)
+        generation.rows = rollout.make_rows(inputs, g, plan.group)
         context = rollout.StepContext(
             plan,
             self.feedback_sources,
             pending=self._pending,
             timer=self._timer,
             counts=self._step_counts,
-            ahead=self._attempts_ahead(plan) if plan.trigger == "always" else [],
+            ahead=self._attempts_ahead(generation) if plan.trigger == "always" else [],
         )
         self._pending = []
         generate = rollout.ROLLOUTS[plan.trigger]  # always: lanpo_rollout; unsolved: GRPO's rollout, then feedback
         output, finished, self._pending = generate(
-            self._rows, self._model_io.tokenize(prompts), g, self._model_io, context
+            generation.rows, self._model_io.tokenize(prompts), g, self._model_io, context
         )
-        self._ahead = context.ahead
+        generation.ahead = context.ahead
         self._step_counts["ahead_attempts"] += len(context.ahead)
         self._summary_stats["carried"] += len(self._pending)  # summaries that go on in the next batch
         self._add_summaries([t for t, _ in finished], [text for _, text in finished])  # every process: it gathers
@@ -296,17 +322,32 @@ class LanpoTrainer(GRPOTrainer):
         batches, self._peeked = self._peeked[:num_batches], self._peeked[num_batches:]
         batches += islice(epoch_iterator, num_batches - len(batches))
         self._peeked += islice(epoch_iterator, max(0, num_batches - len(self._peeked)))
+        self._handed = batches[:1]
         return batches, self._get_num_items_in_batch(batches, device)
 
-    def _attempts_ahead(self, plan: StepPlan) -> list[rollout.Ahead]:
+    def _attempts_ahead(self, generation: Generation) -> list[rollout.Ahead]:
         """``reflection_source ahead``: plain attempts at the problems of the next step that have none stored (nor
-        rows in this step), as many per problem as this step's ``plan`` reflects on (its reflection rows, at most its
+        rows in this step), as many per problem as this step's plan reflects on (its reflection rows, at most its
         scratch rows, at least one: a schedule's next p_t may differ, and a reflection cycles through what there
-        is); none at the last step of an epoch (there is no next batch to pull)."""
+        is); none at the last step of an epoch (there is no next batch to pull).
+
+        What the peek assumes, and checks: TRL generates a step's rows from the first batch transformers hands out
+        for that step (``get_batch_samples``), so the next step generates from the first batch pulled ahead. A
+        generation from any other batch (a TRL that buffers otherwise) attempts nothing ahead, said once."""
         if self.args.reflection_source != "ahead" or not self._peeked:
             return []
+        handed = [problem_of(item)[0] for batch in self._handed for item in batch]
+        if handed != [problem_of(item)[0] for item in generation.inputs]:
+            if not getattr(self, "_warned_ahead", False):
+                logger.warning(
+                    "reflection_source ahead: this generation did not come from the step's first batch, so the "
+                    "batch pulled ahead may not be the next generation's; nothing is attempted ahead."
+                )
+                self._warned_ahead = True
+            return []
+        plan = generation.plan
         per_problem = min(plan.group.reflection, max(1, plan.group.scratch))
-        seen = {problem_of(item)[0] for item in self._batch_inputs}  # this step's own attempts are stored anyway
+        seen = {problem_of(item)[0] for item in generation.inputs}  # this step's own attempts are stored anyway
         wanted = []
         for item in self._peeked[0] if per_problem else []:
             problem_id, problem = problem_of(item)
@@ -361,17 +402,22 @@ class LanpoTrainer(GRPOTrainer):
         start = time.perf_counter()
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         self._timer["reward"] += time.perf_counter() - start
-        self._rewards_per_func = rewards  # gathered over processes, (N_global, n_funcs)
+        if self._generation is not None:
+            self._generation.rewards_per_func = rewards  # gathered over processes, (N_global, n_funcs)
         return rewards
 
     def _generate_and_score_completions(self, inputs):
-        self._batch_inputs = inputs
-        self._rows = None
+        generation = Generation(self._plan, inputs) if self.model.training else None
         start = time.perf_counter()
-        with self._old_pass_deferred(self.model.training and self._old_logps_from_loss()):
-            output = super()._generate_and_score_completions(inputs)
-        if self.model.training and self._rows is not None:
-            self._after_rollouts(output)
+        self._generation = generation
+        try:
+            with self._old_pass_deferred(self.model.training and self._old_logps_from_loss()):
+                output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._generation = None
+        if generation is not None and generation.rows is not None:
+            self._after_rollouts(output, generation)
+            self.last_generation = generation
         self._timer["rollout_total"] += time.perf_counter() - start
         return output
 
@@ -396,24 +442,21 @@ class LanpoTrainer(GRPOTrainer):
         finally:
             self.vllm_importance_sampling_correction = True
 
-    def _local(self, tensor: torch.Tensor) -> torch.Tensor:
-        """This process's rows of a tensor gathered over every process (TRL gathers in process order)."""
-        n = len(self._rows)
-        return tensor[self.accelerator.process_index * n : (self.accelerator.process_index + 1) * n]
-
-    def _after_rollouts(self, output: dict) -> None:
-        rows = self._rows
+    def _after_rollouts(self, output: dict, generation: Generation) -> None:
+        rows, rewards_per_func, rank = generation.rows, generation.rewards_per_func, self.accelerator.process_index
         step = self.state.global_step
         g = self.num_generations
         rewards, correct = (
             t.cpu()
-            for t in objective.totals(self._local(self._rewards_per_func), self.reward_weights, self._accuracy_index)
+            for t in objective.totals(
+                generation.local(rewards_per_func, rank), self.reward_weights, self._accuracy_index
+            )
         )
         if self.args.advantage_grouping != "shared":  # on the whole (gathered) batch, as TRL normalizes
             flags = [f for part in gather_object([[r.has_feedback for r in rows]]) for f in part]
             if self.args.advantage_grouping == "separate":
                 advantages = objective.separate_advantages(
-                    self._rewards_per_func,
+                    rewards_per_func,
                     self.reward_weights,
                     flags,
                     g,
@@ -422,19 +465,23 @@ class LanpoTrainer(GRPOTrainer):
                 )
             else:
                 advantages = objective.scratch_baseline_advantages(
-                    self._rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards
+                    rewards_per_func, self.reward_weights, flags, g, self.args.scale_rewards
                 )
-            output["advantages"] = self._local(advantages).to(output["advantages"])
-        plan = self._plan
+            output["advantages"] = generation.local(advantages, rank).to(output["advantages"])
+        plan = generation.plan
         loss.with_plan(output, plan, len(rows))
+        if plan.scoring is not None:  # the teacher reads the plain rows under their contexts
+            start = time.perf_counter()
+            self._score_rows(output, generation, correct.tolist())
+            self._timer["teacher"] += time.perf_counter() - start
         if plan.has_feedback:  # the loss treats feedback rows (lanpo.loss)
-            self._attach_feedback_inputs(output)
+            self._attach_feedback_inputs(output, generation)
             if plan.objective.strips_context:  # hint reliance is measured on the right rows
                 output[loss.CORRECT] = correct.to(self.accelerator.device)
             if plan.objective.strips_context and "importance_sampling_ratio" in output:
                 has_feedback = torch.tensor([r.has_feedback for r in rows], device=output["advantages"].device)
                 self._log_sampling(loss.strip_vllm_correction(output, has_feedback))
-        self._log_step_metrics(rewards, correct)
+        self._log_step_metrics(generation, rewards, correct)
         if self.log_completions:  # TRL's completions table logged feedback rows with their plain prompt
             real_prompts(self._logs["prompt"], [c for part in gather_object([[r.context for r in rows]]) for c in part])
         trials = rollout.choose_trials(
@@ -446,8 +493,7 @@ class LanpoTrainer(GRPOTrainer):
             step,
             self.accelerator.process_index,
         )
-        ahead, self._ahead = self._ahead, []
-        for batch in gather_object([rollout.attempts_to_store(rows, step, ahead)]):
+        for batch in gather_object([rollout.attempts_to_store(rows, step, generation.ahead)]):
             self.pool.add_attempts(batch)
         self._pending += trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
@@ -456,24 +502,24 @@ class LanpoTrainer(GRPOTrainer):
             )
             write_retrievals(self.run_dir / "retrievals.jsonl", rows, step, g)
 
-    def _log_step_metrics(self, rewards: torch.Tensor, correct: torch.Tensor) -> None:
+    def _log_step_metrics(self, generation: Generation, rewards: torch.Tensor, correct: torch.Tensor) -> None:
         g = self.num_generations
         rank = self.accelerator.process_index
-        for row in self._rows:
+        for row in generation.rows:
             limit = self.feedback_limit if row.has_feedback else self.max_completion_length
             row.truncated = len(row.completion_ids) >= limit and not set(row.completion_ids[-1:]) & set(
                 self.eos_token_ids
             )
         local = [
             row_record(r, rw, c, f"{rank}:{i // g}")
-            for i, (r, rw, c) in enumerate(zip(self._rows, rewards.tolist(), correct.tolist()))
+            for i, (r, rw, c) in enumerate(zip(generation.rows, rewards.tolist(), correct.tolist()))
         ]
         records = [x for part in gather_object([local]) for x in part]
         self._move_on_ladder(records)
         self.transfer.update(self.state.global_step, group_outcomes(records))
         values = step_metrics(
             records,
-            self._plan.feedback_ratio,
+            generation.plan.feedback_ratio,
             self.pool.stats(),
             self.retriever.stats.as_metrics(),
             self._summary_stats,
@@ -496,14 +542,116 @@ class LanpoTrainer(GRPOTrainer):
         for pid, right in by_problem.items():
             self.hint_ladder.update(pid, sum(right) / len(right))
 
-    def _attach_feedback_inputs(self, output: dict) -> None:
+    # -- the scoring route (feedback_route score / both: lanpo.score) -------------------------------------------
+
+    def _teacher_copy(self, scoring: Scoring | None):
+        """The teacher's own weights where the run needs them: an EMA teacher, or the start model when no frozen
+        reference model holds it (beta 0, or a reference that moves). None: the teacher is the policy or its
+        reference."""
+        if scoring is None or scoring.teacher == "live":
+            return None
+        if scoring.teacher == "initial" and (
+            (self.ref_model is not None and not self.args.sync_ref_model) or is_peft_model(self.model)
+        ):
+            return None
+        if is_peft_model(self.model):
+            raise ValueError("score_teacher ema needs full fine-tuning (a PEFT policy's EMA is not supported yet).")
+        teacher = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval()
+        teacher.requires_grad_(False)
+        if scoring.teacher == "ema":
+            self.add_callback(EMATeacher(teacher, scoring_rate=self.args.score_ema_rate))
+        return teacher
+
+    @contextmanager
+    def _teacher(self, scoring: Scoring):
+        """The model that scores under the context: the live policy, the start model (the frozen reference, the
+        policy with its adapter off, or a copy) or the EMA copy."""
+        if scoring.teacher == "live":
+            yield self.model
+        elif self.teacher is not None:
+            yield self.teacher
+        elif self.ref_model is not None:
+            yield self.ref_model
+        else:  # PEFT: the start model is the policy with its adapter off, as TRL's reference pass does
+            with self.accelerator.unwrap_model(self.model).disable_adapter():
+                yield self.model
+
+    def _score_rows(self, output: dict, generation: Generation, correct: list[bool]) -> None:
+        """``lanpo_teacher_logps`` (and the wrong contexts' under the contrastive form, and the answer tokens) for
+        this step's scored rows: one no-grad teacher forward of each scored row's completion after its context
+        prompt, the completion's token ids carried over as sampled (never decoded and re-encoded), so the first
+        completion token follows the same assistant-turn header as in the plain prompt. Prompts are not
+        truncated."""
+        rows, g, scoring = generation.rows, self.num_generations, generation.plan.scoring
+        seen = [
+            score.ScoredRow(r.problem_id, r.problem, r.text, ok, self.references.get(r.problem_id) or Reference(r.gold))
+            for r, ok in zip(rows, correct)
+        ]
+        contexts = score.teacher_contexts(seen, g, scoring)
+        contexts = [None if r.has_feedback else c for r, c in zip(rows, contexts)]  # generated rows: trained as such
+        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
+        device, width = completion_ids.device, completion_ids.size(1)
+        teacher = torch.full(completion_ids.shape, float("nan"), device=device)
+        picked = [i for i, c in enumerate(contexts) if c is not None]
+        k = scoring.wrong if scoring.form == "contrastive" else 0
+        wrong = torch.full((len(rows), k, width), float("nan"), device=device) if k else None
+        prompts = [(i, -1, contexts[i].right) for i in picked]
+        prompts += [(i, j, m) for i in picked for j, m in enumerate(contexts[i].wrong)]
+        logps = self._teacher_logps(
+            scoring, [chat_ids(self.processing_class, m) for _, _, m in prompts], [i for i, _, _ in prompts], output
+        )
+        for (i, j, _), values in zip(prompts, logps):
+            if j < 0:
+                teacher[i] = values
+            else:
+                wrong[i, j] = values
+        output[score.TEACHER_LOGPS] = teacher
+        if wrong is not None:
+            output[score.WRONG_LOGPS] = wrong
+        answer = torch.zeros(completion_ids.shape, dtype=torch.bool, device=device)
+        for i in picked:
+            ids = completion_ids[i][completion_mask[i].bool()].tolist()
+            found, _ = find_answer(rows[i].text, self.args.answer_extraction, rows[i].problem)
+            mask = score.answer_token_mask(ids, self._model_io.decode, score.answer_span(rows[i].text, found))
+            answer[i, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
+        output[score.ANSWER_MASK] = answer
+        self._step_counts["score_no_context"] += sum(
+            1 for r, c, ok in zip(rows, contexts, correct) if c is None and not r.has_feedback and not ok
+        )
+
+    def _teacher_logps(self, scoring: Scoring, prompts: list[list[int]], rows: list[int], output: dict) -> list:
+        """Per (prompt, row): the teacher's per-token log-probabilities of that row's completion after ``prompts``
+        (completion width; padding positions arbitrary). Every process runs as many forwards (collective under
+        ZeRO-3 / FSDP: a process with fewer rows pads with copies of its first)."""
+        n = len(prompts)
+        width = max(gather_object([n])) if self.accelerator.num_processes > 1 else n
+        if width == 0:
+            return []
+        filler = prompts[:1] or [list(output["prompt_ids"][0][output["prompt_mask"][0].bool()].tolist())]
+        rows = rows + [rows[0] if rows else 0] * (width - n)
+        prompts = prompts + filler * (width - n)
+        device = self.accelerator.device
+        ids, mask = left_pad(prompts, self.processing_class.pad_token_id, device)
+        completion_ids = output["completion_ids"][rows]
+        completion_mask = output["completion_mask"][rows]
+        with self._teacher(scoring) as model, torch.no_grad(), torch.random.fork_rng(devices=[]):
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                model,
+                torch.cat([ids, completion_ids], 1),
+                torch.cat([mask, completion_mask], 1),
+                completion_ids.size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        return list(logps[:n].float())
+
+    def _attach_feedback_inputs(self, output: dict, generation: Generation) -> None:
         """Mark this step's feedback rows (``lanpo_has_feedback``) for the loss and, when they are trained on the
         plain prompt, add ``lanpo_context_logps``: π(y|x,c) per completion token of feedback rows (NaN elsewhere),
         from the sampler; rows a generate function returned no log-probabilities for get one no-grad forward."""
-        rows = self._rows
+        rows = generation.rows
         device = self.accelerator.device
         output[loss.HAS_FEEDBACK] = torch.tensor([r.has_feedback for r in rows], device=device)
-        if not self._plan.objective.strips_context:
+        if not generation.plan.objective.strips_context:
             return
         missing = [r.has_feedback and r.sampler_logps is None for r in rows]
         any_missing = self._any_process(any(missing))  # every process takes part in the fallback forward
@@ -573,6 +721,12 @@ class LanpoTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         capture = loss.capture(inputs)
+        plan = loss.plan_of(inputs) if self.model.training else None
+        scored = score.capture(inputs, plan.scoring) if plan is not None else None
+        if scored is not None and capture is None:  # TRL's loss reads a copy: the buffered batch keeps its advantages
+            inputs = {k: v for k, v in inputs.items() if k not in score.KEYS}
+        if scored is not None:
+            self._score_at_forward = (inputs if capture is None else capture.inputs, scored)
         if self.model.training and self._old_logps_from_loss():  # its generation ran without TRL's old pass
             self._correct_at_forward = inputs if capture is None else capture.inputs  # the dict TRL's loss reads
         if capture is None:
@@ -614,7 +768,8 @@ class LanpoTrainer(GRPOTrainer):
         tokens alone (:mod:`lanpo.engine.logprobs`), patched over TRL's fused head where TRL patched it."""
         request = HeadRequest(entropy_grad=self._entropy_bonus_enabled)
         policy = self.model.get_base_model() if is_peft_model(self.model) else self.model
-        patched = [add_compact_lm_head(m, self.temperature, request) for m in (policy, self.ref_model) if m is not None]
+        models = (policy, self.ref_model, self.teacher)
+        patched = [add_compact_lm_head(m, self.temperature, request) for m in models if m is not None]
         return request if all(patched) else None
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
@@ -624,6 +779,10 @@ class LanpoTrainer(GRPOTrainer):
         if self._correct_at_forward is not None:  # the loss's forward: π_old and the vLLM correction from it
             self._correct_in_loss(self._correct_at_forward, result[0].detach())
             self._correct_at_forward = None
+        if self._score_at_forward is not None:  # the loss's forward: the teacher's signal joins the advantages
+            target, scored = self._score_at_forward
+            self._score_at_forward = None
+            self._score_sums += score.rewrite_advantages(target, result[0].detach(), scored).cpu()
         capture = self._capture
         if capture is not None and capture.logps is None:  # the loss's forward: weights before TRL reads them
             loss.record_forward(capture, result[0])
@@ -679,6 +838,11 @@ class LanpoTrainer(GRPOTrainer):
             for key, value in time_metrics(self._timer).items():
                 self._metrics["train"][key].append(value)
             self._timer = Counter()
+            if self.args.scoring is not None:
+                totals = self.accelerator.reduce(self._score_sums.to(self.accelerator.device), reduction="sum")
+                for key, value in score.score_metrics(totals.cpu()).items():
+                    self._metrics["train"][key].append(value)
+                self._score_sums = torch.zeros(6)
         return loss
 
     # -- checkpoints: complete or absent, with the pool and every process's pending summaries ---------------
@@ -704,6 +868,8 @@ class LanpoTrainer(GRPOTrainer):
                     staged / FEEDBACK_STATE,
                     {"hint_ladder": self.hint_ladder.state_dict(), "transfer": self.transfer.state_dict()},
                 )
+                if self.teacher is not None and self.args.score_teacher == "ema":  # the EMA teacher's own weights
+                    torch.save(self.teacher.state_dict(), staged / EMA_TEACHER)
                 if (self.run_dir / "config.yaml").is_file():  # what this checkpoint was trained with
                     shutil.copyfile(self.run_dir / "config.yaml", staged / "config.yaml")
             checkpoints.write_state(
@@ -728,6 +894,12 @@ class LanpoTrainer(GRPOTrainer):
         self.retriever.rebuild()
         state = checkpoints.read_json(Path(checkpoint) / FEEDBACK_STATE)  # absent in checkpoints of older runs
         self.hint_ladder.load_state_dict(state.get("hint_ladder", {}))
+        if self.teacher is not None and self.args.score_teacher == "ema":
+            saved = Path(checkpoint) / EMA_TEACHER
+            if saved.is_file():
+                self.teacher.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
+            else:
+                logger.warning("%s holds no EMA teacher: the teacher starts again from the start model.", checkpoint)
         self.transfer.load_state_dict(state.get("transfer", {}))
         logger.info(
             "Resumed the experience pool from %s (%d entries, %d pending summaries)",
@@ -745,7 +917,7 @@ class LanpoTrainer(GRPOTrainer):
 def check_references(source: str, references: dict) -> None:
     """A privileged ``feedback_source`` has what it reads: worked solutions (reference, self-hint) on some problems,
     warned about where many lack one (their rows fall back to the plain prompt, counted as no_solution)."""
-    if source == "gold" or not references:
+    if source not in ("reference", "self-hint") or not references:
         return
     with_solution = sum(1 for r in references.values() if r.solution)
     if not with_solution:
@@ -762,6 +934,18 @@ def check_references(source: str, references: dict) -> None:
             len(references) - with_solution,
             len(references),
         )
+
+
+class EMATeacher(TrainerCallback):
+    """``score_teacher ema``: after each optimizer step the teacher moves ``scoring_rate`` of the way to the policy
+    (TRL's ``SyncRefModelCallback`` update, every step)."""
+
+    def __init__(self, teacher, scoring_rate: float) -> None:
+        self.teacher, self.rate = teacher, scoring_rate
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if model is not None:
+            SyncRefModelCallback.sync_target_model(extract_model_from_parallel(model), self.teacher, self.rate)
 
 
 class ThreadSizer(TrainerCallback):

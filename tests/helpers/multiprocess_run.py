@@ -54,11 +54,15 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
     stub_summaries(trainer)
     steps, after = [], trainer._after_rollouts
 
-    def record(output):
-        after(output)
-        flags = [f for part in gather_object([[r.has_feedback for r in trainer._rows]]) for f in part]
+    def record(output, generation):
+        after(output, generation)
+        flags = [f for part in gather_object([[r.has_feedback for r in generation.rows]]) for f in part]
         steps.append(
-            {"advantages": output["advantages"].tolist(), "rewards": trainer._rewards_per_func.tolist(), "flags": flags}
+            {
+                "advantages": output["advantages"].tolist(),
+                "rewards": generation.rewards_per_func.tolist(),
+                "flags": flags,
+            }
         )
 
     trainer._after_rollouts = record
@@ -86,13 +90,13 @@ def uneven_triggers(model_dir: Path, out: Path, name: str) -> None:
     trainer._model_io.score = lambda rows: [rank == 0] * len(rows)  # rank 0 solves everything, rank 1 nothing
     steps, after = [], trainer._after_rollouts
 
-    def record(output):
-        after(output)
-        steps.append(sum(r.has_feedback for r in trainer._rows))
+    def record(output, generation):
+        after(output, generation)
+        steps.append(sum(r.has_feedback for r in generation.rows))
 
     trainer._after_rollouts = record
     trainer.train()
-    kinds = sorted({r.kind for r in trainer._rows})
+    kinds = sorted({r.kind for r in trainer.last_generation.rows})
     (out / f"{name}-rank{rank}.json").write_text(json.dumps({"feedback_rows": steps, "kinds": kinds}))
 
 

@@ -65,11 +65,11 @@ def _report(folder: str) -> None:
     original = LanpoTrainer.train
     after = LanpoTrainer._after_rollouts
 
-    def record(self, output):
-        after(self, output)
+    def record(self, output, generation):
+        after(self, output, generation)
         self._recorded = {
-            "rewards_per_func": self._rewards_per_func.tolist(),
-            "flags": [r.has_feedback for r in self._rows],
+            "rewards_per_func": generation.rewards_per_func.tolist(),
+            "flags": [r.has_feedback for r in generation.rows],
             "advantages": output["advantages"].tolist(),
         }
 

@@ -190,6 +190,17 @@ HELP_GROUPS = {
         "hint_max_length",
         "solution_field",
     ],
+    "Scoring route (the context scores plain rollouts: SDPO, OPSD, RLCSD)": [
+        "feedback_route",
+        "score_form",
+        "score_teacher",
+        "score_coef",
+        "score_clip",
+        "score_rows",
+        "score_context",
+        "score_wrong_contexts",
+        "score_ema_rate",
+    ],
     "Evaluation during training": ["eval_benchmarks", "eval_modes", "eval_every", "eval_k", "eval_limit"],
     "Data and run": [
         "model_name_or_path",

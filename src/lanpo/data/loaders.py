@@ -87,7 +87,7 @@ ANSWER_FORMATS: dict[str, Callable[[Any], str | None]] = {
 
 PROBLEM_FIELDS = ("problem", "question", "prompt", "query", "input")
 ANSWER_FIELDS = ("answer", "final_answer", "solution", "target", "ground_truth")
-SOLUTION_FIELDS = ("solution", "rationale", "explanation")
+SOLUTION_FIELDS = ("solution", "rationale", "explanation", "privileged_context")  # the last: TRL's SDPO/SDFT data
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 
@@ -167,6 +167,7 @@ def _pick(row: dict, wanted: str | None, candidates: tuple[str, ...]) -> str | N
 # Fields that hold worked solutions or metadata: long, but not part of the problem.
 NOT_PROBLEM_TEXT = {
     "solution",
+    "privileged_context",
     "answer",
     "rationale",
     "explanation",

@@ -27,6 +27,7 @@ class Sample:
     text: str
     num_tokens: int
     truncated: bool  # stopped by max_new_tokens rather than by an end-of-sequence token
+    token_ids: tuple[int, ...] = ()  # the sampled tokens (no stop token), for scoring them as sampled
 
 
 def chat_ids(tokenizer, messages: Messages) -> list[int]:
@@ -281,7 +282,9 @@ def generate(
             for (i, j), completion in zip(batch, out[:, width:].tolist()):
                 end = next((k for k, t in enumerate(completion) if t in stops), None)
                 tokens = completion if end is None else completion[:end]
-                results[i][j] = Sample(tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), end is None)
+                results[i][j] = Sample(
+                    tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), end is None, tuple(tokens)
+                )
             if bar is not None:
                 bar.update(len(batch))
     finally:
@@ -355,7 +358,10 @@ def _vllm_generate(
             tokens = [t for t in sample.token_ids if t not in stops]  # as the HF path: the stop token not counted
             row.append(
                 Sample(
-                    tokenizer.decode(tokens, skip_special_tokens=True), len(tokens), sample.finish_reason == "length"
+                    tokenizer.decode(tokens, skip_special_tokens=True),
+                    len(tokens),
+                    sample.finish_reason == "length",
+                    tuple(tokens),
                 )
             )
         results.append(row)

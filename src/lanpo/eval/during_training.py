@@ -107,6 +107,27 @@ class TrainingEval(TrainerCallback):
         if state.global_step % args.eval_every == 0:
             self.run(state.global_step)
 
+    def _transfer(self, results, problems, settings) -> float | None:
+        """The scoring run's teacher-student gap on this evaluation's zero-shot rollouts
+        (:func:`lanpo.eval.gate.transfer_gap`)."""
+        from lanpo.eval.gate import transfer_gap
+
+        trainer = self.trainer
+        zero_shot = next((r for r in results if r.mode == "zero-shot" and r.samples), None)
+        if zero_shot is None:
+            return None
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        with trainer._teacher(trainer.args.scoring) as teacher:
+            return transfer_gap(
+                policy,
+                trainer.accelerator.unwrap_model(teacher),
+                trainer.processing_class,
+                problems,
+                zero_shot.samples,
+                settings.temperature,
+                settings.batch_size,
+            )
+
     def run(self, step: int) -> dict[str, float]:
         from trl.models.utils import unwrap_model_for_generation
 
@@ -141,6 +162,9 @@ class TrainingEval(TrainerCallback):
                     retriever=retriever,
                     describe={"pool": "this run's pool"},
                 )
+                transfer = self._transfer(results, problems, settings) if args.scoring is not None else None
+                if transfer is not None:
+                    metrics[f"eval/{name}/transfer_gold"] = transfer
                 for result in results:
                     for key in (
                         f"mean@{args.eval_k}",

@@ -112,6 +112,7 @@ class ModeResult:
     metrics: dict[str, float]
     records: list[dict] = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    samples: list[list[Sample]] | None = None  # zero-shot: the samples themselves (token ids: the transfer metric)
 
 
 def _score(verifier: MathVerifier, problems: list[Problem], samples: list[list[Sample]]) -> list[list[float]]:
@@ -170,6 +171,7 @@ def run_zero_shot(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
         "zero-shot",
         summarize_scores(scores, samples),
         _records(problems, prompts, samples, scores, settings.extraction),
+        samples=samples,
     )
 
 

@@ -26,5 +26,7 @@ def make_sources(kit: SourceKit) -> dict[str, FeedbackSource]:
     """The sources a run asks, built for it, by the row kind each fills: reflection and abstraction under
     ``feedback_source self``, else the one privileged source named."""
     chosen = kit.args.feedback_source
+    if kit.args.feedback_route == "score":  # every row is a plain rollout: no source writes a context to generate under
+        return {}
     kinds = [k for k, source in SOURCES.items() if not source.privileged] if chosen == "self" else [chosen]
     return {kind: SOURCES[kind].for_run(kit) for kind in kinds}

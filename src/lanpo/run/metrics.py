@@ -56,10 +56,19 @@ METRICS: dict[str, str] = {
     "summaries/carried": "summaries cut by the rollouts' length limit, going on in the next batch",
     "lanpo/strip_weight_mean": "strip / strip-sequence: mean importance weight on feedback tokens",
     "lanpo/strip_weight_clipped": "strip / strip-sequence: share of feedback tokens whose weight hit the clip",
+    "score/delta_mean": "feedback_route score: mean signal on scored tokens (additive: the clipped log-ratio teacher "
+    "over policy; contrastive: the kept residual)",
+    "score/clip_fraction": "feedback_route score: share of scored tokens whose signal reached its bound",
+    "score/answer_share": "feedback_route score: share of the signal's size on the tokens writing the final answer",
+    "score/rows": "feedback_route score: rows the teacher scored this step",
+    "lanpo/score_no_context": "feedback_route score: failed plain rows the teacher had no context for (no right "
+    "sibling, no solution)",
+    "eval/<benchmark>/transfer_gold": "feedback_route score: mean log-ratio of the teacher under the gold context over "
+    "the policy, on the held-out rollouts (the teacher-student gap: it closes as the policy absorbs the context)",
     "kl/scratch": "KL estimate over scratch rows' tokens (TRL's k3: the policy's drift from the reference)",
     "kl/feedback": "KL estimate over feedback rows' tokens (importance-weighted k2 where sampled under a context)",
     "step_time": "seconds of the optimizer step, rollouts included",
-    "time/<part>": "seconds of the step spent in generate, summarize, retrieve, reward, score, update",
+    "time/<part>": "seconds of the step spent in generate, summarize, retrieve, reward, teacher, score, update",
     "verifier/no_answer_rate": "share of completions with no final answer",
     "verifier/hedged_rate": "share of completions that state several values (scored 0)",
     "verifier/timeouts": "answers whose verification ran past the time limit (scored 0)",
@@ -67,6 +76,7 @@ METRICS: dict[str, str] = {
     "not compile), timeout, crashed (a limit or a signal killed it, or it exited before its report), forged (a "
     "report that was not the runner's), no_code (nothing to extract)",
     "eval/<benchmark>/<mode>/mean@<k>": "held-out accuracy during training (eval_every); also _stderr, pass@<k>",
+    "eval/<benchmark>/<mode>/pass@<k>": "held-out: share of problems with a right answer among k samples",
     "eval/<benchmark>/<mode>/context_rate": "retrieval mode: share of held-out prompts that got a context",
     "eval/seconds": "seconds one evaluation during training took",
 }
@@ -303,9 +313,10 @@ def real_prompts(logged: list, contexts: list) -> None:
 
 
 def time_metrics(timer: dict) -> dict[str, float]:
-    """Seconds per phase of one step: generate, summarize, retrieve, reward (verification), update (loss forward,
-    backward, optimizer) and ``time/score``, the rest of the rollout (reference and old log-probabilities)."""
-    phases = ("generate", "summarize", "retrieve", "reward")
+    """Seconds per phase of one step: generate, summarize, retrieve, reward (verification), teacher (the scoring
+    route's forwards under the context), update (loss forward, backward, optimizer) and ``time/score``, the rest of
+    the rollout (reference and old log-probabilities)."""
+    phases = ("generate", "summarize", "retrieve", "reward", "teacher")
     metrics = {f"time/{key}": float(timer.get(key, 0.0)) for key in (*phases, "update")}
     rest = timer.get("rollout_total", 0.0) - sum(timer.get(k, 0.0) for k in phases)
     return {**metrics, "time/score": max(0.0, rest)}
