@@ -24,7 +24,9 @@ Arms (``--arms``): ``grpo-trl`` (p_t = 0 as TRL runs it: its fused LM head, its 
 vLLM: before); ``grpo-compact`` (``logprob_head compact``); ``grpo`` (compact and ``old_logps_from_loss``: after);
 ``lanpo`` (the paper's defaults, with both); ``lanpo-ahead`` (the same, ``reflection_source ahead``: the next
 step's problems attempted in this step's batch, so reflection needs no second phase after step 1) and ``unsolved``
-(``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered).
+(``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered);
+``score-additive`` and ``score-contrastive`` (``feedback_route score``: GRPO's rows, each read by the start model
+under its gold answer, with 2 wrong answers too under the contrastive form: the teacher pass is timed apart).
 
 Settings (``--setting``):
 
@@ -59,12 +61,13 @@ from collections import defaultdict
 
 import torch
 
-ARMS = ("grpo-trl", "grpo-compact", "grpo", "lanpo", "lanpo-ahead", "unsolved")
+ARMS = ("grpo-trl", "grpo-compact", "grpo", "lanpo", "lanpo-ahead", "unsolved", "score-additive", "score-contrastive")
 PARTS = (
     "generate",
     "summarize",
     "retrieve",
     "reward",
+    "teacher pass",
     "reference pass",
     "old log-prob pass",
     "update forward",
@@ -100,6 +103,9 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
             cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
     if arm.startswith("grpo"):
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
+    if arm.startswith("score-"):  # GRPO's rows, every one scored by the start model under its gold answer
+        cli += ["--feedback_route", "score", "--feedback_source", "gold", "--summaries_per_group", "0"]
+        cli += ["--score_rows", "all", "--score_form", arm.removeprefix("score-")]
     if arm == "unsolved":
         cli += ["--feedback_trigger", "unsolved"]
     if arm == "lanpo-ahead":
@@ -138,12 +144,26 @@ class Clock:
 
             return wrapper
 
+        in_teacher = [False]
+
         def pass_name(model, *args, **kwargs):
+            if in_teacher[0]:
+                return None  # counted whole as the teacher pass
             if torch.is_grad_enabled():
                 return "update forward"
             return "reference pass" if model is trainer.ref_model else "old log-prob pass"
 
         trainer._get_per_token_logps_and_entropies = timed(pass_name, trainer._get_per_token_logps_and_entropies)
+        teacher_logps = trainer._teacher_logps
+
+        def timed_teacher(*args, **kwargs):
+            in_teacher[0] = True
+            try:
+                return teacher_logps(*args, **kwargs)
+            finally:
+                in_teacher[0] = False
+
+        trainer._teacher_logps = timed(lambda *a, **k: "teacher pass", timed_teacher)
         depth = [0]
 
         def recorded(function):
@@ -390,6 +410,7 @@ def summarize(runs: dict[str, dict]) -> dict:
             + parts["optimizer"]
             - bare["forward+backward"],
             "reference pass over the bare forward": parts["reference pass"] - bare["forward"],
+            "teacher pass (scoring route)": parts["teacher pass"],
             "old log-prob pass": parts["old log-prob pass"],
             "generation over GRPO's": parts["generate"] - generation,
             "summaries + retrieval": parts["summarize"] + parts["retrieve"],
