@@ -715,7 +715,9 @@ def test_a_recorded_grid_needs_no_out_to_skip_its_cells_or_write_its_tables(tmp_
     for seed, lanpo in ((0, 0.35), (1, 0.25)):
         _finished_cell(grid, "grpo", seed, {0: 0.2, 1: 0.3, 2: 0.4})
         _finished_cell(grid, "lanpo", seed, {0: 0.2, 1: lanpo, 2: lanpo + 0.1})
-    assert main(["experiment", str(grid_file), "--table-only"]) == 0  # records the cells OUT finished
+    plot = tmp_path / "docs" / "tiny.png"
+    assert main(["experiment", str(grid_file), "--table-only", "--plot", str(plot)]) == 0  # records finished cells
+    assert plot.read_bytes() == (grid.out / "results.png").read_bytes()
     for arm, seed in grid.cells():
         kept = grid.record_dir(arm, seed)
         assert sorted(p.name for p in kept.iterdir()) == ["cell.json", "config.yaml", "metrics.jsonl"]

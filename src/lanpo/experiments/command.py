@@ -3,6 +3,9 @@ table and a verdict (:mod:`lanpo.experiments`)."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 from lanpo.commands.args import new_path
 from lanpo.experiments.grid import load_grid, run_grid
 
@@ -54,6 +57,11 @@ def add_parser(sub, name: str, help: str) -> None:
         "equal wall-clock, 95%% CIs, seeds, where one more seed should land) into this markdown file, between "
         "the grid's verdict markers (appended the first time: move the markers where the verdict belongs)",
     )
+    p.add_argument(
+        "--plot",
+        type=new_path("file"),
+        help="also write OUT/results.png here (the docs keep the recorded grids' plots: docs/<grid>.png)",
+    )
     p.set_defaults(func=command)
 
 
@@ -66,4 +74,8 @@ def command(args) -> int:
         raise ValueError(f"--seeds takes comma-separated integers, got {args.seeds!r}.") from error
     code = run_grid(grid, arms, seeds, args.results_md, args.table_only, args.jobs, args.unfinished, args.verdict_md)
     print(f"Written: {grid.out / 'results.md'}, {grid.out / 'verdict.md'} and {grid.out / 'results.png'}")
+    if args.plot and (grid.out / "results.png").is_file():
+        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(grid.out / "results.png", args.plot)
+        print(f"and {args.plot}")
     return code
