@@ -506,6 +506,32 @@ def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_need
         assert len(earlier) == 2 and any(text in context for text in earlier)
 
 
+def test_ahead_attempts_nothing_when_the_generation_is_not_the_steps_first_batch(tiny_model_dir, tmp_path, caplog):
+    """What the peek assumes (TRL generates a step from the first batch handed out for it) is checked: a generation
+    from another batch attempts nothing ahead and says so once, and the run goes on."""
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=0.5,
+        reflection_share=1.0,
+        reflection_source="ahead",
+        summaries_per_group=0,
+        max_steps=2,
+    )
+    handed = trainer.get_batch_samples
+
+    def shuffled(epoch_iterator, num_batches, device):
+        batches, count = handed(epoch_iterator, num_batches, device)
+        trainer._handed = [list(reversed(batches[0]))]  # as if TRL had generated from a reordered batch
+        return batches, count
+
+    trainer.get_batch_samples = shuffled
+    with caplog.at_level("WARNING", logger="lanpo.trainer"):
+        trainer.train()
+    assert not any(history(trainer, "lanpo/ahead_attempts"))  # none attempted (a zero count is not logged)
+    assert sum("did not come from the step's first batch" in r.message for r in caplog.records) == 1
+
+
 @given(
     total=st.integers(0, 12),
     asks=st.lists(st.integers(1, 4), min_size=1, max_size=8),
