@@ -317,6 +317,17 @@ def test_the_plan_decodes_the_route_once():
     assert both.scoring.source == "gold" and both.group.hinted == 3
 
 
+def test_a_batch_whose_problems_share_their_gold_contrasts_with_the_answers_neighbours():
+    rows = rows_of([("3 + 4?", "7", "3 + 4 = 7"), ("2 + 5?", "7", "2 + 5 = 7")], 2, [False] * 4)
+    contexts = score.teacher_contexts(rows, 2, scoring(source="gold", form="contrastive", wrong=2, rows="all"))
+    for context in contexts:
+        assert "the ground truth is 7." in context.right[-1]["content"]
+        shown = [m[-1]["content"] for m in context.wrong]
+        assert len(shown) == 2 and "the ground truth is 8." in shown[0] and "the ground truth is 6." in shown[1]
+    assert score.perturbed_answers("1,000") == ["1001", "999", "1002", "998", "1010", "990"]
+    assert score.perturbed_answers("3/4") == [] and score.perturbed_answers("x") == []
+
+
 def test_the_control_reads_each_row_under_another_problems_context_in_the_same_template():
     rows = rows_of([("1 + 1?", "2", "1 + 1 = 2"), ("2 + 2?", "4", "2 + 2 = 4")], 4, [False] * 8)
     right = score.teacher_contexts(rows, 4, scoring(source="gold", rows="all"))

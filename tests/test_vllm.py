@@ -358,3 +358,34 @@ def test_privileged_sources_train_under_vllm_with_hints_written_by_the_engine(vl
         assert (True, 5) in limits and history(trainer, "hint/self_hint_written")
     else:
         assert not any(hint for hint, _ in limits)
+
+
+@pytest.mark.parametrize("form", ["additive", "contrastive"])
+def test_the_scoring_route_trains_under_vllm_with_pi_old_from_the_loss(vllm_model_dir, tmp_path, form):
+    """feedback_route score at the verdict's switches (vLLM colocate, old_logps_from_loss, β > 0): the start model
+    (the reference) reads every row under its gold answer in one extra no-grad pass, and the losses stay finite."""
+    import torch
+
+    trainer = vllm_trainer(
+        vllm_model_dir,
+        tmp_path / form,
+        feedback_route="score",
+        feedback_source="gold",
+        score_form=form,
+        score_rows="all",
+        summaries_per_group=0,
+        old_logps_from_loss=True,
+        beta=0.04,
+    )
+    calls, original = [], trainer._get_per_token_logps_and_entropies
+
+    def counted(model, *args, **kwargs):
+        calls.append("loss" if torch.is_grad_enabled() else "reference" if model is trainer.ref_model else "old")
+        return original(model, *args, **kwargs)
+
+    trainer._get_per_token_logps_and_entropies = counted
+    trainer.train()
+    assert "old" not in calls and calls.count("loss") == 2 and calls.count("reference") == 4, calls  # + teacher
+    # (two problems a batch may share their gold: the contrastive form then contrasts with the answer's neighbours)
+    assert all(v == v and abs(v) != float("inf") for v in history(trainer, "loss"))
+    assert min(history(trainer, "score/rows")) == 8

@@ -107,8 +107,9 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
 
     Scored: rows the verifier did not credit (``rows failed``), or all. A ``sibling`` context is the first right row of
     the same group other than the row itself. Wrong contexts (contrastive) show, in the identical template, what the
-    next groups of the batch would show for their problems (skipping any that shows the same thing), so they differ
-    from the right one only in the shown part."""
+    next groups of the batch would show for their problems (skipping any that shows the same thing), and for a
+    whole-number gold answer, where the batch has too few, the answer's neighbours: they differ from the right one
+    only in the shown part."""
     shown: list[str | None] = []
     for s in range(0, len(rows), g):
         group = rows[s : s + g]
@@ -131,6 +132,14 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
                 wrong.append(context_messages(scoring.source, row.problem, other))
             if len(wrong) == wanted:
                 break
+        if scoring.source == "gold" and row.reference is not None:  # too few others: the answer's neighbours
+            for answer in perturbed_answers(row.reference.answer):
+                if len(wrong) >= wanted:
+                    break
+                other = shown_for("gold", row.problem, Reference(answer), None, scoring.level)
+                if other not in seen:
+                    seen.add(other)
+                    wrong.append(context_messages(scoring.source, row.problem, other))
         if wanted and not wrong:  # a batch of one problem, or nothing else to show: no contrast to draw
             out.append(None)
             continue
@@ -139,6 +148,16 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
             right, wrong = wrong[0], [right, *wrong[1:]]
         out.append(TeacherContext(right, tuple(wrong)))
     return out
+
+
+def perturbed_answers(answer: str) -> list[str]:
+    """Wrong answers in the form of a whole-number gold: its neighbours (+1, −1, +2, −2, +10, −10); none for any
+    other gold (a wrong context then comes from another problem of the batch only)."""
+    text = answer.strip().replace(",", "")
+    if not text.lstrip("-").isdigit():
+        return []
+    value = int(text)
+    return [str(value + k) for k in (1, -1, 2, -2, 10, -10)]
 
 
 def answer_span(text: str, answer: str | None) -> tuple[int, int] | None:
