@@ -388,3 +388,33 @@ def test_a_data_file_made_for_trls_sdpo_gives_its_privileged_context_as_the_work
     problems = load_problems(str(path))
     assert problems[0].problem == "What is 2 + 3?" and problems[0].solution == "Two plus three.\\nIt is 5."
     assert problems[1].solution is None
+
+
+def test_the_gates_auroc_counts_pairs_and_ties_and_within_groups_only_pairs_of_one_group():
+    from lanpo.eval.gate import auroc, auroc_within
+
+    assert auroc([0.9, 0.1, 0.5], [True, False, False]) == 1.0
+    assert auroc([0.1, 0.9], [True, False]) == 0.0 and auroc([0.5, 0.5], [True, False]) == 0.5
+    assert auroc([1.0, 2.0], [True, True]) is None
+    # inside each group the right row loses; across groups one of four pairs is won
+    scores, labels, groups = [0.9, 0.95, 0.1, 0.2], [True, False, True, False], [0, 0, 1, 1]
+    assert auroc(scores, labels) == 0.25 and auroc_within(scores, labels, groups) == (0.0, 2)
+
+
+def test_the_gate_reads_every_rollout_under_each_context_and_its_control(tiny_model_dir):
+    from lanpo.data.loaders import builtin_arith
+    from lanpo.engine.generation import generate
+    from lanpo.engine.models import load_model
+    from lanpo.eval.gate import GateSettings, markdown, run_gate
+    from lanpo.verify.rewards import get_verifier
+
+    model, tokenizer = load_model(str(tiny_model_dir))
+    problems = builtin_arith("1", n=3)
+    settings = GateSettings(k=2, max_new_tokens=6, batch_size=4)
+    rollouts, results, seconds = run_gate(
+        model, tokenizer, problems, get_verifier(extraction="lenient"), ["gold", "reference"], settings, generate
+    )
+    assert len(rollouts) == 6 and set(seconds) == {"sampling", "plain_scoring"}
+    assert [r.name for r in results] == ["gold", "gold control", "reference", "reference control"]
+    assert results[0].rollouts == 6 and all(len(r.answer_mask) == len(r.token_ids) for r in rollouts)
+    assert "| gold control |" in markdown(results, rollouts)

@@ -436,3 +436,30 @@ def hinted_messages(problem: str, hint: str) -> Messages:
     return user(
         HINTED_TEMPLATE.format(problem=problem.strip(), hint=hint.strip(), instruction=domain_of(problem).instruction)
     )
+
+
+# The scoring route (lanpo.score): what a teacher reads a plain rollout under. Only the shown part differs between a
+# row's context and its wrong twins (another problem's answer or right rollout), so the style of a context cancels.
+SCORE_GOLD_TEMPLATE = """{problem}
+
+A note for solving it: {shown}.
+
+{instruction}"""
+
+SCORE_SIBLING_TEMPLATE = """{problem}
+
+Below is a correct solution to this problem.
+
+### Correct solution
+{shown}
+
+Solve the problem again from the start, writing a complete solution. {instruction}"""
+
+
+def scoring_messages(source: str, problem: str, shown: str) -> Messages:
+    """A scoring context of ``source`` gold (``shown``: "the ground truth is X") or sibling (``shown``: a right
+    rollout of the group); the reference source shows its prefix in :func:`reference_messages`' template."""
+    template = {"gold": SCORE_GOLD_TEMPLATE, "sibling": SCORE_SIBLING_TEMPLATE}[source]
+    return user(
+        template.format(problem=problem.strip(), shown=shown.strip(), instruction=domain_of(problem).instruction)
+    )

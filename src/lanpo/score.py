@@ -31,7 +31,7 @@ import torch
 
 from lanpo.feedback.privileged import Reference, ground_truth, level_share, solution_prefix
 from lanpo.plan import Scoring
-from lanpo.prompts import Messages, clip, domain_of, reference_messages, user
+from lanpo.prompts import Messages, clip, reference_messages, scoring_messages
 
 # Keys the trainer adds to a generation batch for the loss (taken out of the dict TRL's loss reads).
 TEACHER_LOGPS = "lanpo_teacher_logps"  # (N, T) log π_T(y_t | c, x) of scored rows, NaN elsewhere
@@ -41,21 +41,6 @@ KEYS = (TEACHER_LOGPS, WRONG_LOGPS, ANSWER_MASK)
 
 # RLCSD's defaults (arXiv 2606.11709): temperature τ of the tanh, β, the kept-residual floor δ and its bound.
 RLCSD_TAU, RLCSD_BETA, RLCSD_DELTA, RLCSD_BOUND = 0.03, 0.2, 0.02, 0.5
-
-GOLD_TEMPLATE = """{problem}
-
-A note for solving it: {truth}.
-
-{instruction}"""
-
-SIBLING_TEMPLATE = """{problem}
-
-Below is a correct solution to this problem.
-
-### Correct solution
-{solution}
-
-Solve the problem again from the start, writing a complete solution. {instruction}"""
 
 
 class TeacherContext(NamedTuple):
@@ -82,12 +67,9 @@ def shown_for(source: str, problem: str, reference: Reference | None, sibling: s
 def context_messages(source: str, problem: str, shown: str) -> Messages:
     """The teacher's prompt T(c, x): ``shown`` in ``source``'s template after the problem, the solve instruction
     last (so the completion starts where the plain prompt's does: after the assistant's turn begins)."""
-    instruction = domain_of(problem).instruction
-    if source == "gold":
-        return user(GOLD_TEMPLATE.format(problem=problem.strip(), truth=shown.strip(), instruction=instruction))
     if source == "reference":
         return reference_messages(problem, shown)
-    return user(SIBLING_TEMPLATE.format(problem=problem.strip(), solution=shown.strip(), instruction=instruction))
+    return scoring_messages(source, problem, shown)
 
 
 @dataclass

@@ -200,11 +200,11 @@ def run_gate(model, tokenizer, problems, verifier, sources: Sequence[str], setti
         progress="gate: sampling",
     )
     rollouts = []
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     for index, (problem, row) in enumerate(zip(problems, samples)):
         scores = verifier.score_texts([problem.answer] * len(row), [s.text for s in row], [problem.problem] * len(row))
         for sample, reward in zip(row, scores):
             found, _ = find_answer(sample.text, settings.extraction, problem.problem)
-            decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
             mask = answer_token_mask(sample.token_ids, decode, answer_span(sample.text, found))
             rollouts.append(
                 Rollout(index, problem.id, problem.problem, sample.text, sample.token_ids, reward > 0.5, mask)
@@ -232,7 +232,16 @@ def run_gate(model, tokenizer, problems, verifier, sources: Sequence[str], setti
     ]
     results = []
     for source in sources:
-        scoring = Scoring(source, "contrastive", "initial", 1.0, 1.0, "all", level=settings.level, wrong=1)
+        scoring = Scoring(  # one wrong context a row: the control; initial: the model read is the one sampled
+            source=source,
+            form="contrastive",
+            teacher="initial",
+            coef=1.0,
+            clip=1.0,
+            rows="all",
+            level=settings.level,
+            wrong=1,
+        )
         contexts = teacher_contexts(seen, settings.k, scoring)
         for name, chosen in (
             (source, [c.right if c else None for c in contexts]),
