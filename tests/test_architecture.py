@@ -163,6 +163,67 @@ def test_train_help_all_lists_every_field_under_lanpo_train():
     assert "--vllm_importance_sampling_correction" in text and len(text.splitlines()) > 1000
 
 
+def choice_fields() -> set[str]:
+    """Every ``LanpoConfig`` field whose type is a ``Literal`` (a choice list)."""
+    from typing import Literal, get_origin, get_type_hints
+
+    from lanpo.config import LanpoConfig
+
+    hints = get_type_hints(LanpoConfig)
+    return {name for name, hint in hints.items() if get_origin(hint) is Literal}
+
+
+def choice_decodings(tree: ast.AST, fields: set[str]) -> list[str]:
+    """Where a module decodes a choice field itself: compares it (``==``, ``in``, ...), indexes with it, matches on
+    it, or keeps it in a name of its own (to compare later). Handing the value on as an argument is not decoding."""
+
+    def is_field(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in fields
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(is_field(n) for n in ast.walk(node)):
+            found.append(f"line {node.lineno}: compares {ast.unparse(node)}")
+        elif isinstance(node, ast.Subscript) and is_field(node.slice):
+            found.append(f"line {node.lineno}: indexes {ast.unparse(node)}")
+        elif isinstance(node, ast.Match) and is_field(node.subject):
+            found.append(f"line {node.lineno}: matches on {ast.unparse(node.subject)}")
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None and is_field(node.value):
+            found.append(f"line {node.lineno}: keeps {ast.unparse(node)}")
+    return found
+
+
+def test_every_choice_field_is_decoded_once():
+    """Each choice of LanpoConfig (every Literal field) is read as a string only where context_in_loss is: the config
+    (its properties: objective, scoring, attempts, grouping, ...) and the step plan. Everything else asks the
+    decoded object, or hands the value to the one function that owns its names (make_scorer, find_answer)."""
+    fields = choice_fields()
+    assert {"context_in_loss", "feedback_source", "reflection_source", "advantage_grouping", "score_teacher"} <= fields
+    assert len(fields) >= 15
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name in ("plan.py", "config.py"):
+            continue
+        found = choice_decodings(ast.parse(path.read_text()), fields)
+        if found:
+            offenders[str(path.relative_to(PACKAGE))] = found
+    assert not offenders, offenders
+
+
+def test_the_decoding_check_finds_each_way_of_decoding():
+    """The check above can fail: each way a module could decode a choice itself is found, a hand-on is not."""
+    fields = {"reflection_source", "advantage_grouping"}
+    for code in (
+        'if args.reflection_source == "ahead": pass',
+        'x = "step" in (cfg.reflection_source,)',
+        "y = TABLE[self.args.advantage_grouping]",
+        "match args.reflection_source:\n    case _: pass",
+        "mode = kit.args.reflection_source",
+    ):
+        assert choice_decodings(ast.parse(code), fields), code
+    assert not choice_decodings(ast.parse("make(args.reflection_source, args.other == 1)"), fields)
+
+
 def test_context_in_loss_is_decoded_once():
     """Only plan.py names the objectives and only config.py reads the field: the rest asks the decoded Objective."""
     from lanpo.plan import OBJECTIVES
@@ -208,11 +269,11 @@ def test_feedback_sources_see_no_label():
     are the run's, not the problem's); every planned kind has a source and every source a planned kind; the
     label-free kinds are exactly feedback_source self's, and the privileged ones are marked so."""
     from lanpo.feedback import SOURCES, FeedbackRequest
-    from lanpo.plan import FEEDBACK_KINDS, PRIVILEGED_KINDS, SELF_KINDS
+    from lanpo.plan import KINDS, PRIVILEGED_KINDS, SELF_KINDS
 
     assert set(FeedbackRequest._fields) == {"problem_id", "problem", "rows", "attempts", "level", "scale"}
-    assert set(SOURCES) == set(FEEDBACK_KINDS)
-    assert all(kind == source.kind for kind, source in SOURCES.items())
+    assert set(SOURCES) == set(KINDS)
+    assert all(kind == source.kind and source.privileged == KINDS[kind].privileged for kind, source in SOURCES.items())
     assert {k for k, s in SOURCES.items() if s.privileged} == set(PRIVILEGED_KINDS)
     assert {k for k, s in SOURCES.items() if not s.privileged} == set(SELF_KINDS)
 
@@ -253,13 +314,88 @@ def test_the_command_line_starts_without_torch():
 
 
 def test_each_choice_list_has_one_definition():
-    """The feedback sources the config accepts are "self" and the privileged kinds the plan knows; the privileged
-    probe modes of evaluation are those kinds (issue 69: lists defined twice drift apart)."""
+    """The feedback sources the config accepts are "self", the kinds the plan knows that are not self's, and
+    "sibling" (scoring only); the privileged probe modes of evaluation are the privileged kinds; the decoded tables
+    of the plan name exactly the config's choices (issue 69: lists defined twice drift apart)."""
+    from typing import get_args
+
     from lanpo import config, plan
     from lanpo.eval import evaluate
 
-    scoring_only = tuple(s for s in plan.SCORE_SOURCES if s not in plan.PRIVILEGED_KINDS)
+    scoring_only = tuple(s for s in plan.SCORE_SOURCES if s not in plan.KINDS)
     assert scoring_only == ("sibling",)  # a context that only scores: nothing is generated under it
-    assert config.FEEDBACK_SOURCES == ("self", *plan.PRIVILEGED_KINDS, *scoring_only)
+    assert config.FEEDBACK_SOURCES == plan.feedback_sources() == ("self", *plan.PRIVILEGED_KINDS, *scoring_only)
     assert evaluate.PRIVILEGED_MODES is plan.PRIVILEGED_KINDS
     assert not hasattr(plan, "FEEDBACK_SOURCES")
+    assert tuple(plan.ATTEMPTS) == get_args(config.ReflectionSource)
+    assert tuple(plan.GROUPINGS) == get_args(config.AdvantageGrouping)
+    assert all(name == decoded.name for table in (plan.ATTEMPTS, plan.GROUPINGS) for name, decoded in table.items())
+
+
+@pytest.fixture
+def echo_kind():
+    """A toy feedback kind, registered for one test and removed after it."""
+    from collections import Counter
+
+    from lanpo import plan
+    from lanpo.feedback import registry
+    from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource
+    from lanpo.prompts import user
+
+    class EchoSource(FeedbackSource):
+        """Restates the problem before asking for it again: a kind no built-in code names."""
+
+        kind = "echo"
+
+        @classmethod
+        def for_run(cls, kit):
+            return cls()
+
+        def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
+            counts["echo_asked"] += len(requests)
+            return [[Feedback(user(f"Restated: {r.problem}\nSolve it."))] * r.rows for r in requests]
+
+    registry.register(EchoSource)
+    yield EchoSource
+    registry.SOURCES.pop("echo", None)
+    plan.KINDS.pop("echo", None)
+
+
+@pytest.mark.parametrize("trigger", ["always", "unsolved"])
+def test_a_kind_registered_in_a_test_trains_with_nothing_else_changed(echo_kind, tiny_model_dir, tmp_path, trigger):
+    """Adding a feedback kind is a source and a registry entry: the config accepts it by name, the group plan gives
+    it rows, the rollout asks it, its rows train, and its metrics and samples carry its name."""
+    import json
+
+    from lanpo.plan import plan_group
+    from test_trainer import history, make_trainer
+
+    assert plan_group(4, 0.5, 0.5, "echo").kinds == (("echo", 2),)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, feedback_source="echo", feedback_ratio=0.5, feedback_trigger=trigger, max_steps=2
+    )
+    assert set(trainer.feedback_sources) == {"echo"}
+    trainer._model_io.score = lambda rows: [False] * len(rows)  # unsolved: every group fails, so every one is asked
+    trainer.train()
+    samples = [json.loads(x) for x in (Path(trainer.args.output_dir) / "samples.jsonl").read_text().splitlines()]
+    echoed = [s for s in samples if s["kind"] == "echo"]
+    assert echoed and all(s["feedback"] for s in echoed)
+    assert history(trainer, "accuracy/echo/mean") and max(history(trainer, "lanpo/feedback_share")) == 0.5
+    assert all(loss == loss for loss in history(trainer, "loss"))  # finite: its rows reached the loss
+
+
+def test_a_kind_cannot_take_a_name_the_plan_uses_or_a_source_registered_already(echo_kind):
+    from lanpo.feedback import registry
+    from lanpo.plan import FeedbackKind, register_kind
+
+    for name in ("scratch", "self", "sibling"):
+        with pytest.raises(ValueError, match="named apart"):
+            register_kind(FeedbackKind(name, privileged=False))
+    with pytest.raises(ValueError, match="split by reflection_share"):
+        register_kind(FeedbackKind("third-self-kind", privileged=False, joins_self=True))
+    with pytest.raises(ValueError, match="registered already"):
+        register_kind(FeedbackKind("gold", privileged=False))
+    other = type("OtherEcho", (echo_kind,), {})
+    with pytest.raises(ValueError, match="has a source already"):
+        registry.register(other)
+    registry.register(echo_kind)  # the same source again: nothing changes

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from lanpo.objective import (
     LossScale,
@@ -19,7 +21,7 @@ from lanpo.objective import (
     trl_k3,
     weight_advantages,
 )
-from lanpo.plan import plan_group
+from lanpo.plan import GroupPlan, plan_group
 from lanpo.rollout import Row, choose_trials, make_rows
 
 ONE = torch.tensor([1.0])
@@ -198,21 +200,41 @@ def test_aggregate_normalizes_a_micro_batch_as_trl_does(loss_type, expected):
     ],
 )
 def test_group_plan_counts(g, p, share, expected):
-    assert plan_group(g, p, share)[:3] == expected
-    assert plan_group(g, p, share).hinted == 0
+    plan = plan_group(g, p, share)
+    assert (plan.scratch, plan.rows_of("reflection"), plan.rows_of("abstraction")) == expected
+    assert plan.feedback == sum(expected[1:]) and all(n > 0 for _, n in plan.kinds)  # a kind with no rows is left out
+
+
+@given(
+    counts=st.lists(st.integers(1, 6), min_size=1, max_size=3),
+    scratch=st.integers(0, 4),
+    n=st.integers(0, 12),
+)
+def test_a_group_plan_of_any_kinds_gives_each_row_one_kind_and_shares_rows_like_itself(counts, scratch, n):
+    kinds = tuple((f"kind-{k}", c) for k, c in enumerate(counts))
+    plan = GroupPlan(scratch, kinds)
+    rows = [plan.kind_of(j) for j in range(scratch + plan.feedback)]
+    assert rows == ["scratch"] * scratch + [k for k, c in kinds for _ in range(c)]
+    with pytest.raises(IndexError):
+        plan.kind_of(scratch + plan.feedback)
+    shared = plan.split(n)  # the unsolved trigger's share of n chosen rows
+    assert len(shared) == n and shared == sorted(shared, key=[k for k, _ in kinds].index)
+    assert plan.split(plan.feedback) == rows[scratch:]  # n = the plan's own rows: its own kinds
+    for kind, count in kinds:
+        assert abs(shared.count(kind) - n * count / plan.feedback) <= 1
 
 
 @pytest.mark.parametrize("source", ["reference", "gold", "self-hint"])
 def test_a_privileged_source_gets_every_feedback_row_of_its_kind(source):
     plan = plan_group(8, 0.75, 0.5, source)
-    assert plan == (2, 0, 0, 6, source)
+    assert plan == GroupPlan(2, ((source, 6),))
     assert [plan.kind_of(j) for j in range(8)] == ["scratch"] * 2 + [source] * 6
     assert plan_group(8, 0.0, 0.5, source).feedback == 0
 
 
 def test_rows_follow_the_plan_in_every_group_and_trials_alternate_right_and_wrong():
     inputs = [{"problem": f"q{i // 4}", "problem_id": f"p{i // 4}", "answer": "1"} for i in range(8)]
-    rows = make_rows(inputs, 4, (2, 1, 1))
+    rows = make_rows(inputs, 4, GroupPlan(2, (("reflection", 1), ("abstraction", 1))))
     assert [r.kind for r in rows] == ["scratch", "scratch", "reflection", "abstraction"] * 2
     for r, text in zip(rows, ["a", "b", "c", "d", "e", "", "g", "h"]):
         r.text = text

@@ -28,7 +28,7 @@ from lanpo.feedback.privileged import (
     states_answer,
     take_references,
 )
-from lanpo.plan import HINT_TOP
+from lanpo.plan import ATTEMPTS, HINT_TOP
 from lanpo.pool.store import ExperiencePool
 from lanpo.prompts import SOLVE_INSTRUCTION
 from lanpo.verify.answers import last_boxed
@@ -129,7 +129,7 @@ def test_a_prefix_never_holds_the_last_step_and_anneals_to_nothing():
 
 
 def test_the_gold_context_shows_the_attempt_the_verdict_and_the_answer(tmp_path):
-    source = GoldSource(ExperiencePool(":memory:"), "step", kit())
+    source = GoldSource(ExperiencePool(":memory:"), ATTEMPTS["step"], kit())
     request = FeedbackRequest("p", "Compute 7 + 5.", 2, attempts=("It is 13.", "It is 12."))
     [[wrong, right]] = source.contexts([request], Counter())
     assert wrong.messages[0]["content"] == (

@@ -261,7 +261,7 @@ def test_each_form_trains_with_finite_losses_and_scores_only_plain_rows(tiny_mod
         max_steps=2,
         **FORMS[form],
     )
-    teacher = trainer.teacher if trainer.teacher is not None else trainer.ref_model
+    teacher = trainer.teacher.weights if trainer.teacher.weights is not None else trainer.ref_model
     own_weights = trainer.args.score_teacher in ("initial", "ema")
     frozen = [p.detach().clone() for p in teacher.parameters()] if own_weights else None
     generated_from, generate = [], trainer._generate_single_turn
@@ -314,7 +314,7 @@ def test_the_plan_decodes_the_route_once():
     both = LanpoConfig(
         output_dir="unused", num_generations=4, use_cpu=True, feedback_route="both", feedback_source="gold"
     ).step_plan(0)
-    assert both.scoring.source == "gold" and both.group.hinted == 3
+    assert both.scoring.source == "gold" and both.group.kinds == (("gold", 3),)
 
 
 def test_a_batch_whose_problems_share_their_gold_contrasts_with_the_answers_neighbours():
@@ -371,7 +371,7 @@ def test_an_ema_teacher_resumes_from_its_checkpoint_like_an_uninterrupted_run(ti
     shutil.copytree(checkpoint, tmp_path / "resumed" / "checkpoint-2")
     resumed = make_trainer(tiny_model_dir, tmp_path, "resumed", max_steps=4, save_strategy="steps", save_steps=2, **ema)
     resumed.train(resume_from_checkpoint=str(tmp_path / "resumed" / "checkpoint-2"))
-    for (name, a), (_, b) in zip(full.teacher.named_parameters(), resumed.teacher.named_parameters()):
+    for (name, a), (_, b) in zip(full.teacher.weights.named_parameters(), resumed.teacher.weights.named_parameters()):
         assert torch.equal(a, b), name
     assert history(full, "loss") == history(resumed, "loss")
 

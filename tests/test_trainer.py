@@ -18,6 +18,7 @@ from helpers.launch import accelerate_launch
 from lanpo.config import LanpoConfig
 from lanpo.data.loaders import builtin_arith, to_prompt_dataset
 from lanpo.engine.models import load_tokenizer
+from lanpo.plan import GroupPlan
 from lanpo.verify.rewards import completion_text
 
 CANNED_SUMMARY = " add the two numbers.\nPRINCIPLES:\n- add the ones digits first\nPITFALLS:\n- forgetting to carry"
@@ -249,9 +250,9 @@ def test_feedback_schedule_and_group_plan(tmp_path):
         feedback_warmup_steps=4,
         reflection_share=0.5,
     )
-    assert config.step_plan(0).group[:3] == (8, 0, 0)
-    assert config.step_plan(2).group[:3] == (5, 2, 1)  # p_t = 0.375: 3 feedback rollouts
-    assert config.step_plan(10).group[:3] == (2, 3, 3)  # p_t = 0.75: 6 feedback rollouts
+    assert config.step_plan(0).group == GroupPlan(8)
+    assert config.step_plan(2).group == GroupPlan(5, (("reflection", 2), ("abstraction", 1)))  # p_t 0.375: 3 rows
+    assert config.step_plan(10).group == GroupPlan(2, (("reflection", 3), ("abstraction", 3)))  # p_t 0.75: 6 rows
 
 
 def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
@@ -802,10 +803,10 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
     pool = ExperiencePool(":memory:")
 
     def step(pending):
-        rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, (4, 0, 0))
+        rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, GroupPlan(4))
         sources = {
             "abstraction": AbstractionSource(Retriever(pool, "bm25", gamma=0.0)),
-            "reflection": ReflectionSource(pool, "auto"),
+            "reflection": ReflectionSource(pool),
         }
         plan = LanpoConfig(output_dir="unused", num_generations=4, feedback_ratio=0.0, use_cpu=True).step_plan(0)
         context = rollout.StepContext(plan, sources, pending, Counter(), Counter())
@@ -912,7 +913,7 @@ def test_unsolved_summaries_ride_in_the_feedback_phase_and_a_quiet_step_generate
     pool = ExperiencePool(":memory:")
     sources = {
         "abstraction": AbstractionSource(Retriever(pool, "bm25", gamma=0.0)),
-        "reflection": ReflectionSource(pool, "auto"),
+        "reflection": ReflectionSource(pool),
     }
     plan = LanpoConfig(
         output_dir="unused", num_generations=4, feedback_ratio=0.5, feedback_trigger="unsolved", use_cpu=True

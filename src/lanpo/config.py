@@ -15,13 +15,20 @@ from typing import Literal, get_args
 from trl import GRPOConfig
 
 from lanpo.plan import (
+    ATTEMPTS,
     COMPOSITION_FREE_LOSSES,
+    GROUPINGS,
     HINT_TOP,
+    KINDS,
     OBJECTIVES,
     SCORE_SOURCES,
+    Attempts,
+    FeedbackKind,
+    Grouping,
     Objective,
     Scoring,
     StepPlan,
+    feedback_sources,
     plan_group,
 )
 
@@ -391,7 +398,8 @@ class LanpoConfig(GRPOConfig):
                 f"({self.num_generations})."
             )
         plan = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
-        if plan.scratch == 0 and plan.reflection and self.reflection_source != "pool":
+        reflections = plan.rows_of("reflection")
+        if plan.scratch == 0 and reflections and self.reflection_source != "pool":
             until = {
                 "step": "in every step: reflection_source step reflects only on this step's scratch rollouts",
                 "ahead": "in the first step (later problems get attempts a step ahead)",
@@ -402,7 +410,7 @@ class LanpoConfig(GRPOConfig):
                 "the realized p_t (lanpo/feedback_share) stays below %s %s.",
                 self.feedback_ratio,
                 self.num_generations,
-                plan.reflection,
+                reflections,
                 self.feedback_ratio,
                 until,
             )
@@ -457,7 +465,7 @@ class LanpoConfig(GRPOConfig):
         unit("relevance_threshold")
         choice("feedback_schedule", SCHEDULES)
         choice("feedback_trigger", TRIGGERS)
-        choice("feedback_source", FEEDBACK_SOURCES)
+        choice("feedback_source", feedback_sources())  # FEEDBACK_SOURCES and any kind registered since
         choice("feedback_route", ROUTES)
         choice("score_form", SCORE_FORMS)
         choice("score_teacher", SCORE_TEACHERS)
@@ -581,6 +589,42 @@ class LanpoConfig(GRPOConfig):
             wrong=self.score_wrong_contexts,
             control=self.score_context == "control",
         )
+
+    @property
+    def feedback_kind(self) -> FeedbackKind | None:
+        """The feedback row kind ``feedback_source`` names (None: ``self``, whose kinds are several, or ``sibling``,
+        which only scores)."""
+        return KINDS.get(self.feedback_source) if self.feedback_source != "self" else None
+
+    @property
+    def generated_kinds(self) -> tuple[str, ...]:
+        """The kinds of feedback rows this run generates (their sources are built): none under
+        ``feedback_route score``, ``self``'s kinds, or the one kind named."""
+        if self.feedback_route == "score":
+            return ()
+        if self.feedback_source == "self":
+            return tuple(k for k, kind in KINDS.items() if kind.joins_self)
+        return (self.feedback_source,)
+
+    @property
+    def attempts(self) -> Attempts:
+        """``reflection_source`` decoded: which of its own attempts a reflection row may show."""
+        return ATTEMPTS[self.reflection_source]
+
+    @property
+    def grouping(self) -> Grouping:
+        """``advantage_grouping`` decoded: which rows form a row's baseline."""
+        return GROUPINGS[self.advantage_grouping]
+
+    @property
+    def adaptive_hints(self) -> bool:
+        """``hint_schedule ladder``: a problem's hint level moves with its outcomes (else it stays at hint_level)."""
+        return self.hint_schedule == "ladder"
+
+    @property
+    def compact_logprob_head(self) -> bool:
+        """``logprob_head compact``: log-probabilities from the sampled tokens' rows of the head only."""
+        return self.logprob_head == "compact"
 
     @property
     def objective(self) -> Objective:

@@ -15,44 +15,111 @@ from typing import NamedTuple
 # (bnpo divides by each micro-batch's own token count).
 COMPOSITION_FREE_LOSSES = ("grpo", "dr_grpo", "dapo", "cispo", "luspo", "sapo", "vespo")
 
-# The row kinds a group plan gives feedback to, one per feedback source (lanpo.feedback.registry).
-SELF_KINDS = ("reflection", "abstraction")  # feedback_source self: LANPO's label-free sources
-PRIVILEGED_KINDS = ("reference", "gold", "self-hint")  # the others: each a feedback_source of its own
-FEEDBACK_KINDS = SELF_KINDS + PRIVILEGED_KINDS
 HINT_TOP = 3  # hint levels run 1..HINT_TOP (reference: 1/4, 2/4, 3/4 of a solution's steps)
 
 
+@dataclass(frozen=True)
+class FeedbackKind:
+    """A kind of feedback row, as the plan knows it (its source lives in :mod:`lanpo.feedback.registry`)."""
+
+    name: str
+    privileged: bool  # its context shows what the policy's own trials do not (a solution, the gold answer)
+    joins_self: bool = False  # one of ``feedback_source self``'s kinds; else a ``feedback_source`` of its own
+    reads_solutions: bool = False  # its contexts show parts of worked solutions (a run checks it has some)
+
+
+# Every feedback row kind, by name: the built-in ones here, a new one added with its source by
+# lanpo.feedback.registry.register (which keeps the two in step).
+KINDS: dict[str, FeedbackKind] = {
+    kind.name: kind
+    for kind in (
+        FeedbackKind("reflection", privileged=False, joins_self=True),  # LANPO's label-free sources
+        FeedbackKind("abstraction", privileged=False, joins_self=True),
+        FeedbackKind("reference", privileged=True, reads_solutions=True),
+        FeedbackKind("gold", privileged=True),
+        FeedbackKind("self-hint", privileged=True, reads_solutions=True),
+    )
+}
+SELF_KINDS = tuple(k for k, kind in KINDS.items() if kind.joins_self)  # the built-in ones (reflection_share splits)
+PRIVILEGED_KINDS = tuple(k for k, kind in KINDS.items() if kind.privileged)  # the built-in ones (eval probes them)
+
+# Where a scoring context comes from (feedback_route score): the privileged sources that need no generation of their
+# own, and ``sibling``, a right rollout of the same group (SDPO), which needs no gold.
+SCORE_SOURCES = ("gold", "reference", "sibling")
+
+
+def register_kind(kind: FeedbackKind) -> None:
+    """Add a feedback row kind (``lanpo.feedback.registry.register`` calls this with its source)."""
+    if kind.name in ("scratch", "self", "sibling") or kind.joins_self:
+        raise ValueError(
+            f"feedback kind {kind.name!r}: a new kind is a feedback_source of its own, named apart from scratch, "
+            "self and sibling (feedback_source self's kinds are split by reflection_share, which names them)."
+        )
+    if KINDS.get(kind.name, kind) != kind:
+        raise ValueError(f"feedback kind {kind.name!r} is registered already, as {KINDS[kind.name]}.")
+    KINDS[kind.name] = kind
+
+
+def feedback_sources() -> tuple[str, ...]:
+    """What ``feedback_source`` accepts: ``self`` (its kinds together), each other kind, and ``sibling`` (scoring
+    only)."""
+    own = tuple(k for k, kind in KINDS.items() if not kind.joins_self)
+    return ("self", *own, *(s for s in SCORE_SOURCES if s not in own))
+
+
+def is_privileged(kind: str) -> bool:
+    """Whether rows of ``kind`` were written under a privileged context (never summarized into the pool)."""
+    return kind in KINDS and KINDS[kind].privileged
+
+
 class GroupPlan(NamedTuple):
-    """How many rows of a group of G each kind gets: under ``feedback_source self`` reflection and abstraction
-    rows, under a privileged source ``hinted`` rows of that source's kind."""
+    """How many rows of a group of G each kind gets: ``scratch`` plain rows first, then ``kinds``, (kind, rows)
+    pairs in row order (under ``feedback_source self`` reflection then abstraction, else the one source's kind)."""
 
     scratch: int
-    reflection: int
-    abstraction: int
-    hinted: int = 0
-    source: str = "self"
+    kinds: tuple[tuple[str, int], ...] = ()
 
     @property
     def feedback(self) -> int:
-        return self.reflection + self.abstraction + self.hinted
+        return sum(n for _, n in self.kinds)
+
+    def rows_of(self, kind: str) -> int:
+        """How many rows of a group ``kind`` gets."""
+        return sum(n for k, n in self.kinds if k == kind)
 
     def kind_of(self, j: int) -> str:
-        """The kind of a group's ``j``-th row: scratch rows first, then reflection, abstraction, hinted."""
-        if j < self.scratch:
+        """The kind of a group's ``j``-th row: scratch rows first, then each kind's rows in order."""
+        end = self.scratch
+        if j < end:
             return "scratch"
-        if j < self.scratch + self.reflection:
-            return "reflection"
-        return "abstraction" if j < self.scratch + self.reflection + self.abstraction else self.source
+        for kind, n in self.kinds:
+            end += n
+            if j < end:
+                return kind
+        raise IndexError(f"row {j} of a group of {end}")
+
+    def split(self, n: int) -> list[str]:
+        """The kinds of ``n`` rows shared out as this plan shares its feedback rows (cumulative shares, rounded
+        half to even): ``feedback_trigger unsolved`` gives a failed group's chosen rows their kinds this way."""
+        kinds, total, start = [], self.feedback, 0
+        cumulative = 0
+        for kind, count in self.kinds:
+            cumulative += count
+            end = n if cumulative == total else round(n * cumulative / total)
+            kinds += [kind] * (end - start)
+            start = end
+        return kinds
 
 
 def plan_group(g: int, feedback_ratio: float, reflection_share: float, source: str = "self") -> GroupPlan:
     """The rows of a group of ``g`` by kind: round(p_t·g) get feedback (half up); under ``self`` split between
-    reflection and abstraction by ``reflection_share``, else all of the privileged ``source``."""
+    reflection and abstraction by ``reflection_share``, else all of the kind ``source`` names."""
     feedback = int(feedback_ratio * g + 0.5)
     if source != "self":
-        return GroupPlan(g - feedback, 0, 0, feedback, source)
+        return GroupPlan(g - feedback, ((source, feedback),) if feedback else ())
     reflection = int(feedback * reflection_share + 0.5)
-    return GroupPlan(g - feedback, reflection, feedback - reflection)
+    kinds = (("reflection", reflection), ("abstraction", feedback - reflection))
+    return GroupPlan(g - feedback, tuple((k, n) for k, n in kinds if n))
 
 
 @dataclass(frozen=True)
@@ -78,9 +145,38 @@ OBJECTIVES = {
 }
 
 
-# Where a scoring context comes from (feedback_route score): the privileged sources that need no generation of their
-# own, and ``sibling``, a right rollout of the same group (SDPO), which needs no gold.
-SCORE_SOURCES = ("gold", "reference", "sibling")
+@dataclass(frozen=True)
+class Attempts:
+    """``reflection_source`` decoded: which of a problem's own attempts a reflection (or gold) row may show."""
+
+    name: str
+    stored: bool  # attempts stored in earlier steps
+    this_step: bool  # this step's scratch rollouts (the rollout asks again after generating them)
+    ahead: bool = False  # the trainer attempts the next step's problems a step early, so stored ones are ready
+
+
+ATTEMPTS = {
+    "auto": Attempts("auto", stored=True, this_step=True),  # stored where the problem has some, else this step's
+    "step": Attempts("step", stored=False, this_step=True),
+    "pool": Attempts("pool", stored=True, this_step=False),
+    "ahead": Attempts("ahead", stored=True, this_step=True, ahead=True),
+}
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """``advantage_grouping`` decoded: which rows of a group form a row's baseline."""
+
+    name: str
+    shared: bool  # TRL's: one baseline over the whole group
+    by_kind: bool = False  # feedback rows and scratch rows each against their own (else: against the scratch rows)
+
+
+GROUPINGS = {
+    "shared": Grouping("shared", shared=True),
+    "separate": Grouping("separate", shared=False, by_kind=True),
+    "scratch-baseline": Grouping("scratch-baseline", shared=False),
+}
 
 
 @dataclass(frozen=True)
@@ -98,6 +194,26 @@ class Scoring:
     level: int = 2  # reference: the hint level its context shows
     wrong: int = 2  # contrastive: wrong contexts (other problems' answers or solutions in the identical template)
     control: bool = False  # score under a wrong context instead of the right one (a style and compute control)
+
+    @property
+    def contrastive(self) -> bool:
+        """RLCSD's form: the right context against ``wrong`` others (else the additive log-ratio)."""
+        return self.form == "contrastive"
+
+    @property
+    def failed_only(self) -> bool:
+        """Only rows the verifier did not credit are scored."""
+        return self.rows == "failed"
+
+    @property
+    def own_teacher(self) -> bool:
+        """The teacher has weights of its own (the frozen start model, or an EMA); else it is the live policy."""
+        return self.teacher != "live"
+
+    @property
+    def ema(self) -> bool:
+        """The teacher's own weights follow the policy (an EMA, moved after each optimizer step)."""
+        return self.teacher == "ema"
 
 
 @dataclass(frozen=True)

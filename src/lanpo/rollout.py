@@ -30,7 +30,7 @@ from typing import Any
 
 from lanpo.data.loaders import problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource
-from lanpo.plan import HINT_TOP, PRIVILEGED_KINDS, GroupPlan, StepPlan
+from lanpo.plan import HINT_TOP, GroupPlan, StepPlan, is_privileged
 from lanpo.pool.store import Attempt
 from lanpo.prompts import Messages, clip
 from lanpo.summarize import Trial, continue_summaries, summary_input
@@ -43,7 +43,7 @@ class Row:
     problem_id: str
     problem: str
     gold: str
-    kind: str = "scratch"  # scratch, or the feedback kind the plan asked for (lanpo.plan.FEEDBACK_KINDS)
+    kind: str = "scratch"  # scratch, or the feedback kind the plan asked for (lanpo.plan.KINDS)
     context: Messages | None = None  # the feedback prompt actually used (None: plain prompt)
     fallback: str = ""  # why a planned feedback row got the plain prompt (no_attempt, no_relevant_entry, ...)
     completion_ids: list[int] = field(default_factory=list)
@@ -80,9 +80,8 @@ class RolloutModel:
     # the widest process), so a process with nothing to generate still calls
 
 
-def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | tuple[int, ...] | None = None) -> list[Row]:
+def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | None = None) -> list[Row]:
     """One :class:`Row` per input, kinds assigned by ``plan`` within each group of ``g`` (``None``: all scratch)."""
-    plan = GroupPlan(*plan) if plan is not None else None
     return [
         Row(*problem_of(item), str(item["answer"]), plan.kind_of(i % g) if plan is not None else "scratch")
         for i, item in enumerate(inputs)
@@ -311,9 +310,10 @@ def unsolved_rollout(
 
     Phase A is GRPO's rollout: every row from its plain prompt (the summaries ride in phase B). A group whose
     pass rate is at most the plan's ``trigger_pass_rate`` is triggered: ``plan.group.feedback`` of its failed rows
-    (as many as failed, if fewer) are planned as feedback, ``plan.group.reflection`` of them reflections on the
-    group's own failed attempts (so the context shows an attempt known to be wrong: reward information, unlike
-    ``always``), the rest abstractions, and phase B regenerates them with their contexts. A planned row whose
+    (as many as failed, if fewer) are planned as feedback, shared among the plan's kinds in its shares
+    (:meth:`lanpo.plan.GroupPlan.split`; a reflection shows the group's own failed attempts, so the context shows
+    an attempt known to be wrong: reward information, unlike ``always``), and phase B regenerates them with their
+    contexts. A planned row whose
     context cannot be built keeps its scratch completion (a fallback, counted). Groups that solve the problem get
     no feedback.
     """
@@ -341,10 +341,8 @@ def unsolved_rollout(
             continue
         failed = [i for i in group if not right[i]]
         chosen = failed[: plan.feedback]
-        reflections = round(len(chosen) * plan.reflection / plan.feedback)
-        others = "abstraction" if plan.source == "self" else plan.source
-        for k, i in enumerate(chosen):
-            rows[i].kind = "reflection" if k < reflections else others
+        for i, kind in zip(chosen, plan.split(len(chosen))):  # the plan's kinds in its shares
+            rows[i].kind = kind
         attempts[s] = [rows[i].text for i in failed if rows[i].text.strip()]
     with _timed(timer, "retrieve"):
         ask_sources(rows, g, context, attempts=attempts)
@@ -377,7 +375,7 @@ def choose_trials(
         idx = [
             i
             for i in range(s, s + g)
-            if rows[i].text.strip() and not (rows[i].has_feedback and rows[i].kind in PRIVILEGED_KINDS)
+            if rows[i].text.strip() and not (rows[i].has_feedback and is_privileged(rows[i].kind))
         ]
         right = [i for i in idx if correct[i]]
         wrong = [i for i in idx if not correct[i]]

@@ -101,11 +101,11 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
     groups = len(rows) // g
     out: list[TeacherContext | None] = []
     for i, row in enumerate(rows):
-        if (scoring.rows == "failed" and row.right) or shown[i] is None:
+        if (scoring.failed_only and row.right) or shown[i] is None:
             out.append(None)
             continue
         wrong: list[Messages] = []
-        wanted = scoring.wrong if scoring.form == "contrastive" else 1 if scoring.control else 0
+        wanted = scoring.wrong if scoring.contrastive else 1 if scoring.control else 0
         seen = {shown[i]}
         for step in range(1, groups if wanted else 1):
             other = shown[((i // g + step) % groups) * g + i % g]
@@ -232,7 +232,7 @@ def rewrite_advantages(inputs: dict, logps: torch.Tensor, scored: ScoreCapture) 
     advantages = inputs["advantages"]
     base = advantages[:, None].expand_as(teacher) if advantages.dim() == 1 else advantages
     scoring = scored.scoring
-    if scoring.form == "additive":
+    if not scoring.contrastive:
         signal = additive_delta(torch.nan_to_num(teacher), old, mask, scoring.clip)
         inputs["advantages"] = base + scoring.coef * signal
         bound = scoring.clip

@@ -7,7 +7,6 @@ checkpoint hooks. With ``feedback_ratio=0`` it is exactly TRL's GRPO, even while
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import shutil
@@ -21,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import extract_model_from_parallel, gather_object, is_peft_model
+from accelerate.utils import gather_object, is_peft_model
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from trl import GRPOTrainer
 from trl.models.utils import unwrap_model_for_generation
-from trl.trainer.callbacks import SyncRefModelCallback
 
 from lanpo import loss, objective, rollout, score
 from lanpo.config import LanpoConfig
@@ -37,9 +35,9 @@ from lanpo.engine.logprobs import HeadRequest, add_compact_lm_head
 from lanpo.engine.models import CpuShare, follow_other_work
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
-from lanpo.feedback.privileged import HintLadder, PrivilegedKit, Reference, take_references
+from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
 from lanpo.feedback.registry import make_sources
-from lanpo.plan import Scoring, StepPlan
+from lanpo.plan import FeedbackKind, StepPlan
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
 from lanpo.pool.store import POOL_FILENAME, ExperiencePool
 from lanpo.prompts import Messages, solve_messages, with_prefill
@@ -48,7 +46,7 @@ from lanpo.run.console import use_step_lines
 from lanpo.run.files import MetricsFileCallback, write_retrievals, write_samples
 from lanpo.run.metrics import Transfer, group_outcomes, real_prompts, row_record, step_metrics, time_metrics
 from lanpo.summarize import Trial, entry_from_summary, summarize_apart
-from lanpo.verify.answers import find_answer
+from lanpo.teacher import Teacher
 from lanpo.verify.code import Verifier, code_settings
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 from lanpo.verify.sandbox import is_code_gold
@@ -56,7 +54,6 @@ from lanpo.verify.sandbox import is_code_gold
 logger = logging.getLogger(__name__)
 
 FEEDBACK_STATE = "feedback_state.json"  # a checkpoint's hint ladder and transfer record
-EMA_TEACHER = "ema_teacher.pt"  # score_teacher ema: a checkpoint's teacher weights
 
 
 @dataclass
@@ -109,8 +106,7 @@ class LanpoTrainer(GRPOTrainer):
         train_dataset = with_answer_column(train_dataset) if train_dataset is not None else None
         # worked solutions leave the dataset here: only privileged feedback sources read them (never TRL's rewards)
         train_dataset, self.references = take_references(train_dataset)
-        if args.feedback_source != "self":  # before the model loads: a source with nothing to read stops here
-            check_references(args.feedback_source, self.references)
+        check_references(args.feedback_kind, self.references)  # before the model loads: nothing to read stops here
         self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), code_settings(args))
         if train_dataset is not None and any(is_code_gold(a) for a in train_dataset["answer"]):
             self.verifier.start_code()  # code problems: the sandbox starts now, or the run stops here saying why
@@ -130,8 +126,8 @@ class LanpoTrainer(GRPOTrainer):
                 rollout_func=self._rollout,
             )
         vllm_cpu.use_reload_weights(self)
-        self.teacher = self._teacher_copy(args.scoring)  # scoring with weights of their own (else None)
-        self._head_request = self._compact_heads() if args.logprob_head == "compact" else None
+        self.teacher = Teacher(self, args.scoring) if args.scoring is not None else None  # the scoring route's
+        self._head_request = self._compact_heads() if args.compact_logprob_head else None
         if args.old_logps_from_loss and not self._old_logps_from_loss():
             logger.warning(
                 "old_logps_from_loss has no effect here: %s",
@@ -167,10 +163,10 @@ class LanpoTrainer(GRPOTrainer):
         )
         if isinstance(scorer, LLMJudgeScorer) and self.accelerator.num_processes > 1:  # same forwards on every rank
             scorer.sync_batches = lambda n: max(gather_object([n]))
-        self.hint_ladder = HintLadder(args.hint_level, adaptive=args.hint_schedule == "ladder")
+        self.hint_ladder = HintLadder(args.hint_level, adaptive=args.adaptive_hints)
         self.transfer = Transfer()
         privileged = None
-        if args.feedback_source != "self":
+        if args.feedback_kind is not None:
             privileged = PrivilegedKit(
                 self.references,
                 self.hint_ladder,
@@ -315,7 +311,7 @@ class LanpoTrainer(GRPOTrainer):
     def get_batch_samples(self, epoch_iterator, num_batches: int, device):
         """Transformers' prefetch of one optimizer step's batches; with ``reflection_source ahead`` it also pulls the
         next step's batches (same order, handed out at the next call) so this step can attempt their problems."""
-        if self.args.reflection_source != "ahead":
+        if not self.args.attempts.ahead:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
         if self._peeked_from is not epoch_iterator:  # a new epoch, or a resumed run: nothing pulled early
             self._peeked, self._peeked_from = [], epoch_iterator
@@ -334,7 +330,7 @@ class LanpoTrainer(GRPOTrainer):
         What the peek assumes, and checks: TRL generates a step's rows from the first batch transformers hands out
         for that step (``get_batch_samples``), so the next step generates from the first batch pulled ahead. A
         generation from any other batch (a TRL that buffers otherwise) attempts nothing ahead, said once."""
-        if self.args.reflection_source != "ahead" or not self._peeked:
+        if not self.args.attempts.ahead or not self._peeked:
             return []
         handed = [problem_of(item)[0] for batch in self._handed for item in batch]
         if handed != [problem_of(item)[0] for item in generation.inputs]:
@@ -346,7 +342,7 @@ class LanpoTrainer(GRPOTrainer):
                 self._warned_ahead = True
             return []
         plan = generation.plan
-        per_problem = min(plan.group.reflection, max(1, plan.group.scratch))
+        per_problem = min(plan.group.rows_of("reflection"), max(1, plan.group.scratch))
         seen = {problem_of(item)[0] for item in generation.inputs}  # this step's own attempts are stored anyway
         wanted = []
         for item in self._peeked[0] if per_problem else []:
@@ -452,9 +448,10 @@ class LanpoTrainer(GRPOTrainer):
                 generation.local(rewards_per_func, rank), self.reward_weights, self._accuracy_index
             )
         )
-        if self.args.advantage_grouping != "shared":  # on the whole (gathered) batch, as TRL normalizes
+        grouping = self.args.grouping
+        if not grouping.shared:  # on the whole (gathered) batch, as TRL normalizes
             flags = [f for part in gather_object([[r.has_feedback for r in rows]]) for f in part]
-            if self.args.advantage_grouping == "separate":
+            if grouping.by_kind:
                 advantages = objective.separate_advantages(
                     rewards_per_func,
                     self.reward_weights,
@@ -472,7 +469,8 @@ class LanpoTrainer(GRPOTrainer):
         loss.with_plan(output, plan, len(rows))
         if plan.scoring is not None:  # the teacher reads the plain rows under their contexts
             start = time.perf_counter()
-            self._score_rows(output, generation, correct.tolist())
+            unscored = self.teacher.score_rows(output, rows, correct.tolist(), self.references)
+            self._step_counts["score_no_context"] += unscored
             self._timer["teacher"] += time.perf_counter() - start
         if plan.has_feedback:  # the loss treats feedback rows (lanpo.loss)
             self._attach_feedback_inputs(output, generation)
@@ -541,108 +539,6 @@ class LanpoTrainer(GRPOTrainer):
                 by_problem.setdefault(x.problem_id, []).append(x.correct)
         for pid, right in by_problem.items():
             self.hint_ladder.update(pid, sum(right) / len(right))
-
-    # -- the scoring route (feedback_route score / both: lanpo.score) -------------------------------------------
-
-    def _teacher_copy(self, scoring: Scoring | None):
-        """The teacher's own weights where the run needs them: an EMA teacher, or the start model when no frozen
-        reference model holds it (beta 0, or a reference that moves). None: the teacher is the policy or its
-        reference."""
-        if scoring is None or scoring.teacher == "live":
-            return None
-        if scoring.teacher == "initial" and (
-            (self.ref_model is not None and not self.args.sync_ref_model) or is_peft_model(self.model)
-        ):
-            return None
-        if is_peft_model(self.model):
-            raise ValueError("score_teacher ema needs full fine-tuning (a PEFT policy's EMA is not supported yet).")
-        teacher = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval()
-        teacher.requires_grad_(False)
-        if scoring.teacher == "ema":
-            self.add_callback(EMATeacher(teacher, scoring_rate=self.args.score_ema_rate))
-        return teacher
-
-    @contextmanager
-    def _teacher(self, scoring: Scoring):
-        """The model that scores under the context: the live policy, the start model (the frozen reference, the
-        policy with its adapter off, or a copy) or the EMA copy."""
-        if scoring.teacher == "live":
-            yield self.model
-        elif self.teacher is not None:
-            yield self.teacher
-        elif self.ref_model is not None:
-            yield self.ref_model
-        else:  # PEFT: the start model is the policy with its adapter off, as TRL's reference pass does
-            with self.accelerator.unwrap_model(self.model).disable_adapter():
-                yield self.model
-
-    def _score_rows(self, output: dict, generation: Generation, correct: list[bool]) -> None:
-        """``lanpo_teacher_logps`` (and the wrong contexts' under the contrastive form, and the answer tokens) for
-        this step's scored rows: one no-grad teacher forward of each scored row's completion after its context
-        prompt, the completion's token ids carried over as sampled (never decoded and re-encoded), so the first
-        completion token follows the same assistant-turn header as in the plain prompt. Prompts are not
-        truncated."""
-        rows, g, scoring = generation.rows, self.num_generations, generation.plan.scoring
-        seen = [
-            score.ScoredRow(r.problem_id, r.problem, r.text, ok, self.references.get(r.problem_id) or Reference(r.gold))
-            for r, ok in zip(rows, correct)
-        ]
-        contexts = score.teacher_contexts(seen, g, scoring)
-        contexts = [None if r.has_feedback else c for r, c in zip(rows, contexts)]  # generated rows: trained as such
-        completion_ids, completion_mask = output["completion_ids"], output["completion_mask"]
-        device, width = completion_ids.device, completion_ids.size(1)
-        teacher = torch.full(completion_ids.shape, float("nan"), device=device)
-        picked = [i for i, c in enumerate(contexts) if c is not None]
-        k = scoring.wrong if scoring.form == "contrastive" else 0
-        wrong = torch.full((len(rows), k, width), float("nan"), device=device) if k else None
-        prompts = [(i, -1, contexts[i].right) for i in picked]
-        prompts += [(i, j, m) for i in picked for j, m in enumerate(contexts[i].wrong)]
-        logps = self._teacher_logps(
-            scoring, [chat_ids(self.processing_class, m) for _, _, m in prompts], [i for i, _, _ in prompts], output
-        )
-        for (i, j, _), values in zip(prompts, logps):
-            if j < 0:
-                teacher[i] = values
-            else:
-                wrong[i, j] = values
-        output[score.TEACHER_LOGPS] = teacher
-        if wrong is not None:
-            output[score.WRONG_LOGPS] = wrong
-        answer = torch.zeros(completion_ids.shape, dtype=torch.bool, device=device)
-        for i in picked:
-            ids = completion_ids[i][completion_mask[i].bool()].tolist()
-            found, _ = find_answer(rows[i].text, self.args.answer_extraction, rows[i].problem)
-            mask = score.answer_token_mask(ids, self._model_io.decode, score.answer_span(rows[i].text, found))
-            answer[i, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
-        output[score.ANSWER_MASK] = answer
-        self._step_counts["score_no_context"] += sum(
-            1 for r, c, ok in zip(rows, contexts, correct) if c is None and not r.has_feedback and not ok
-        )
-
-    def _teacher_logps(self, scoring: Scoring, prompts: list[list[int]], rows: list[int], output: dict) -> list:
-        """Per (prompt, row): the teacher's per-token log-probabilities of that row's completion after ``prompts``
-        (completion width; padding positions arbitrary). Every process runs as many forwards (collective under
-        ZeRO-3 / FSDP: a process with fewer rows pads with copies of its first)."""
-        n = len(prompts)
-        width = max(gather_object([n])) if self.accelerator.num_processes > 1 else n
-        if width == 0:
-            return []
-        filler = prompts[:1] or [list(output["prompt_ids"][0][output["prompt_mask"][0].bool()].tolist())]
-        rows = rows + [rows[0] if rows else 0] * (width - n)
-        prompts = prompts + filler * (width - n)
-        device = self.accelerator.device
-        ids, mask = left_pad(prompts, self.processing_class.pad_token_id, device)
-        completion_ids = output["completion_ids"][rows]
-        completion_mask = output["completion_mask"][rows]
-        with self._teacher(scoring) as model, torch.no_grad(), torch.random.fork_rng(devices=[]):
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                model,
-                torch.cat([ids, completion_ids], 1),
-                torch.cat([mask, completion_mask], 1),
-                completion_ids.size(1),
-                batch_size=self.args.per_device_train_batch_size,
-            )
-        return list(logps[:n].float())
 
     def _attach_feedback_inputs(self, output: dict, generation: Generation) -> None:
         """Mark this step's feedback rows (``lanpo_has_feedback``) for the loss and, when they are trained on the
@@ -768,7 +664,7 @@ class LanpoTrainer(GRPOTrainer):
         tokens alone (:mod:`lanpo.engine.logprobs`), patched over TRL's fused head where TRL patched it."""
         request = HeadRequest(entropy_grad=self._entropy_bonus_enabled)
         policy = self.model.get_base_model() if is_peft_model(self.model) else self.model
-        models = (policy, self.ref_model, self.teacher)
+        models = (policy, self.ref_model, self.teacher.weights if self.teacher is not None else None)
         patched = [add_compact_lm_head(m, self.temperature, request) for m in models if m is not None]
         return request if all(patched) else None
 
@@ -868,8 +764,8 @@ class LanpoTrainer(GRPOTrainer):
                     staged / FEEDBACK_STATE,
                     {"hint_ladder": self.hint_ladder.state_dict(), "transfer": self.transfer.state_dict()},
                 )
-                if self.teacher is not None and self.args.score_teacher == "ema":  # the EMA teacher's own weights
-                    torch.save(self.teacher.state_dict(), staged / EMA_TEACHER)
+                if self.teacher is not None:  # an EMA teacher's own weights
+                    self.teacher.save(staged)
                 if (self.run_dir / "config.yaml").is_file():  # what this checkpoint was trained with
                     shutil.copyfile(self.run_dir / "config.yaml", staged / "config.yaml")
             checkpoints.write_state(
@@ -894,12 +790,8 @@ class LanpoTrainer(GRPOTrainer):
         self.retriever.rebuild()
         state = checkpoints.read_json(Path(checkpoint) / FEEDBACK_STATE)  # absent in checkpoints of older runs
         self.hint_ladder.load_state_dict(state.get("hint_ladder", {}))
-        if self.teacher is not None and self.args.score_teacher == "ema":
-            saved = Path(checkpoint) / EMA_TEACHER
-            if saved.is_file():
-                self.teacher.load_state_dict(torch.load(saved, map_location="cpu", weights_only=True))
-            else:
-                logger.warning("%s holds no EMA teacher: the teacher starts again from the start model.", checkpoint)
+        if self.teacher is not None:
+            self.teacher.load(Path(checkpoint))
         self.transfer.load_state_dict(state.get("transfer", {}))
         logger.info(
             "Resumed the experience pool from %s (%d entries, %d pending summaries)",
@@ -914,11 +806,12 @@ class LanpoTrainer(GRPOTrainer):
         return result
 
 
-def check_references(source: str, references: dict) -> None:
-    """A privileged ``feedback_source`` has what it reads: worked solutions (reference, self-hint) on some problems,
-    warned about where many lack one (their rows fall back to the plain prompt, counted as no_solution)."""
-    if source not in ("reference", "self-hint") or not references:
+def check_references(kind: FeedbackKind | None, references: dict) -> None:
+    """A ``feedback_source`` whose kind reads worked solutions (reference, self-hint) has some, warned about where
+    many lack one (their rows fall back to the plain prompt, counted as no_solution)."""
+    if kind is None or not kind.reads_solutions or not references:
         return
+    source = kind.name
     with_solution = sum(1 for r in references.values() if r.solution)
     if not with_solution:
         raise ValueError(
@@ -934,18 +827,6 @@ def check_references(source: str, references: dict) -> None:
             len(references) - with_solution,
             len(references),
         )
-
-
-class EMATeacher(TrainerCallback):
-    """``score_teacher ema``: after each optimizer step the teacher moves ``scoring_rate`` of the way to the policy
-    (TRL's ``SyncRefModelCallback`` update, every step)."""
-
-    def __init__(self, teacher, scoring_rate: float) -> None:
-        self.teacher, self.rate = teacher, scoring_rate
-
-    def on_step_end(self, args, state, control, model=None, **kwargs):
-        if model is not None:
-            SyncRefModelCallback.sync_target_model(extract_model_from_parallel(model), self.teacher, self.rate)
 
 
 class ThreadSizer(TrainerCallback):

@@ -593,8 +593,7 @@ def preflight(config, problems) -> None:
     from lanpo.verify.code import CodeVerifier, code_settings
     from lanpo.verify.sandbox import is_code_gold
 
-    if config.feedback_source != "self":
-        check_references(config.feedback_source, {p.id: Reference(p.answer, p.solution) for p in problems})
+    check_references(config.feedback_kind, {p.id: Reference(p.answer, p.solution) for p in problems})
     if any(is_code_gold(p.answer) for p in problems):
         CodeVerifier(code_settings(config)).close()
     elif config.code_partial_credit:

@@ -117,7 +117,7 @@ class TrainingEval(TrainerCallback):
         if zero_shot is None:
             return None
         policy = trainer.accelerator.unwrap_model(trainer.model)
-        with trainer._teacher(trainer.args.scoring) as teacher:
+        with trainer.teacher.model() as teacher:
             return transfer_gap(
                 policy,
                 trainer.accelerator.unwrap_model(teacher),

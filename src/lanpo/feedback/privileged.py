@@ -25,7 +25,7 @@ from lanpo.data.loaders import problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
 from lanpo.feedback.labels import ANSWER_STATEMENT, holds_code
 from lanpo.feedback.reflection import ReflectionSource
-from lanpo.plan import HINT_TOP
+from lanpo.plan import HINT_TOP, Attempts
 from lanpo.prompts import (
     Messages,
     gold_messages,
@@ -236,13 +236,13 @@ class GoldSource(ReflectionSource):
     kind = "gold"
     privileged = True
 
-    def __init__(self, pool, mode: str, kit: PrivilegedKit) -> None:
+    def __init__(self, pool, mode: Attempts, kit: PrivilegedKit) -> None:
         super().__init__(pool, mode)
         self.kit = kit
 
     @classmethod
     def for_run(cls, kit: SourceKit) -> GoldSource:
-        return cls(kit.pool, kit.args.reflection_source, kit.privileged)
+        return cls(kit.pool, kit.args.attempts, kit.privileged)
 
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
         shown: list[tuple[FeedbackRequest, str, str]] = []  # (request, attempt, answer) per row

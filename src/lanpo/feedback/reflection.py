@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
 from lanpo.feedback.labels import Context, template_talks_about_labels
+from lanpo.plan import ATTEMPTS, Attempts
 from lanpo.pool.store import ExperiencePool
 from lanpo.prompts import clip, reflection_text, user
 
@@ -35,18 +36,18 @@ class ReflectionSource(FeedbackSource):
 
     kind = "reflection"
 
-    def __init__(self, pool: ExperiencePool, mode: str = "auto") -> None:
+    def __init__(self, pool: ExperiencePool, mode: Attempts = ATTEMPTS["auto"]) -> None:
         self.pool = pool
         self.mode = mode
 
     @classmethod
     def for_run(cls, kit: SourceKit) -> ReflectionSource:
-        return cls(kit.pool, kit.args.reflection_source)
+        return cls(kit.pool, kit.args.attempts)
 
     def ready(self, request: FeedbackRequest) -> bool:
-        if request.attempts is not None or self.mode == "pool":
+        if request.attempts is not None or not self.mode.this_step:
             return True
-        return self.mode != "step" and bool(self.pool.attempts(request.problem_id, limit=1))
+        return self.mode.stored and bool(self.pool.attempts(request.problem_id, limit=1))
 
     def own_attempts(self, request: FeedbackRequest) -> list[str]:
         """The group's own attempts handed over, else those stored for the problem (empty texts left out)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from lanpo.plan import FEEDBACK_KINDS
+from lanpo.plan import KINDS
 from lanpo.rollout import Row
 
 # Every metric lanpo logs beside TRL's own (`loss`, `reward`, `kl`, `entropy`, `completions/*`, `clip_ratio/*`,
@@ -128,7 +128,7 @@ def row_record(row: Row, reward: float, correct: bool, group: str = "") -> RowRe
 
 def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dict[str, float]:
     """Planned vs realized feedback, and reward and accuracy by kind, over every process's rows."""
-    planned = [x for x in records if x.kind in FEEDBACK_KINDS]
+    planned = [x for x in records if x.kind in KINDS]
     with_feedback = [x for x in records if x.has_feedback]
     metrics = {
         "lanpo/feedback_ratio": feedback_ratio,
@@ -144,7 +144,7 @@ def feedback_metrics(records: Sequence[RowRecord], feedback_ratio: float) -> dic
     groups = {
         "feedback": with_feedback,
         "scratch": [x for x in records if not x.has_feedback],
-        **{kind: [x for x in with_feedback if x.kind == kind] for kind in FEEDBACK_KINDS},
+        **{kind: [x for x in with_feedback if x.kind == kind] for kind in KINDS},
     }
     for name, part in groups.items():
         if part:
