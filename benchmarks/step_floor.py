@@ -154,7 +154,7 @@ class Clock:
             return "reference pass" if model is trainer.ref_model else "old log-prob pass"
 
         trainer._get_per_token_logps_and_entropies = timed(pass_name, trainer._get_per_token_logps_and_entropies)
-        teacher_logps = trainer._teacher_logps
+        teacher_logps = trainer.teacher.logps if trainer.teacher is not None else None
 
         def timed_teacher(*args, **kwargs):
             in_teacher[0] = True
@@ -163,7 +163,8 @@ class Clock:
             finally:
                 in_teacher[0] = False
 
-        trainer._teacher_logps = timed(lambda *a, **k: "teacher pass", timed_teacher)
+        if trainer.teacher is not None:
+            trainer.teacher.logps = timed(lambda *a, **k: "teacher pass", timed_teacher)
         depth = [0]
 
         def recorded(function):
@@ -357,6 +358,18 @@ def median(values: list[float]) -> float:
     return round(statistics.median(values), 2) if values else float("nan")
 
 
+def spread(values: list[float]) -> dict:
+    """A ratio over steps: its median, its range and how many steps it holds."""
+    if not values:
+        return {"steps": 0}
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "steps": len(values),
+    }
+
+
 def summarize(runs: dict[str, dict]) -> dict:
     later = slice(1, None)  # step 1 warms up
     report = {}
@@ -434,8 +447,15 @@ def summarize(runs: dict[str, dict]) -> dict:
             "the same rows in one call": median(run["one_call_generation"][later]),
             "step with it": median(merged[arm][later]),
         }
+    for arm, run in runs.items():  # what the arrangement of its generation costs it, step by step
+        ratios[f"{arm} / its own rows generated in one call, over steps 2..N"] = spread(
+            [t / m for t, m in zip(run["step_time"][later], merged[arm][later])]
+        )
     if "grpo" in runs:
         for arm in runs:
+            ratios[f"{arm} / grpo, step k over grpo's step k (same problems), steps 2..N"] = spread(
+                [t / b for t, b in zip(runs[arm]["step_time"][later], runs["grpo"]["step_time"][later])]
+            )
             ratios[f"{arm} / grpo"] = round(report[arm]["median_step_s"] / report["grpo"]["median_step_s"], 3)
             ratios[f"{arm} / grpo, each with its generation in one call"] = round(
                 median(merged[arm][later]) / median(merged["grpo"][later]), 3
