@@ -755,3 +755,32 @@ def test_evaluation_during_training_honours_the_runs_code_settings(tmp_path):
     )
     assert eval_settings(args, 4).code == CodeSettings(7.5, 3, True, True)
     assert eval_settings(args, 4).seed == args.seed + 4
+
+
+def test_lanpo_eval_builds_its_code_settings_where_training_does():
+    """`lanpo eval`'s flags reach the sandbox through verify.code.code_settings, the one builder training and
+    evaluation during training use; no other module builds CodeSettings from a run's options."""
+    import argparse
+    import ast
+
+    from lanpo.commands import eval as eval_command
+    from lanpo.verify.code import code_settings
+
+    parser = argparse.ArgumentParser()
+    eval_command.add_parser(parser.add_subparsers(), "eval", "")
+    args = parser.parse_args(
+        ["eval", "--model", "m", "--code-timeout", "7.5", "--code-workers", "3", "--allow-unsandboxed-code"]
+    )
+    assert code_settings(args) == CodeSettings(7.5, 3, False, True)
+    package = Path(eval_command.__file__).parents[1]
+    options = {"code_timeout", "code_workers", "code_partial_credit", "allow_unsandboxed_code"}
+    for path in package.rglob("*.py"):
+        if path.name == "code.py" and path.parent.name == "verify":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", "")) == "CodeSettings"
+            ):
+                read = {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+                assert not read & options, f"{path}: builds CodeSettings from options itself"

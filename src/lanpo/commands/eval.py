@@ -112,7 +112,7 @@ def command(args) -> int:
     from lanpo.plan import HINT_TOP
     from lanpo.pool.store import ExperiencePool
     from lanpo.run.files import check_writable
-    from lanpo.verify.code import CodeSettings, CodeVerifier
+    from lanpo.verify.code import CodeVerifier, code_settings
     from lanpo.verify.sandbox import is_code_gold
 
     modes = args.modes
@@ -137,7 +137,7 @@ def command(args) -> int:
         rounds=args.rounds,
         seed=args.seed,
         hint_level=args.hint_level,
-        code=CodeSettings(args.code_timeout, args.code_workers, allow_unsandboxed=args.allow_unsandboxed_code),
+        code=code_settings(args),
     )
     out_root = Path(args.out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}")
     check_writable(out_root, "--out")  # before the model loads and the evaluation runs

@@ -18,8 +18,7 @@ from lanpo.commands.args import (
     model_path,
     new_path,
 )
-
-SOURCES = ("gold", "reference", "sibling")
+from lanpo.plan import SCORE_SOURCES as SOURCES  # the scoring contexts the route knows
 
 
 def add_parser(sub, name: str, help: str) -> None:

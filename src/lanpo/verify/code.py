@@ -74,9 +74,13 @@ class CodeSettings:
 
 def code_settings(options) -> CodeSettings:
     """How code rewards run, from a run's options (``code_timeout``, ``code_workers``, ``code_partial_credit``,
-    ``allow_unsandboxed_code``): the one place training and evaluation during training build them."""
+    ``allow_unsandboxed_code``): the one place training, evaluation during training and ``lanpo eval`` build them
+    (``lanpo eval`` has no partial credit: a problem's rollout passes every test or scores 0)."""
     return CodeSettings(
-        options.code_timeout, options.code_workers, options.code_partial_credit, options.allow_unsandboxed_code
+        options.code_timeout,
+        options.code_workers,
+        getattr(options, "code_partial_credit", False),
+        options.allow_unsandboxed_code,
     )
 
 
