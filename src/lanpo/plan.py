@@ -101,11 +101,10 @@ class GroupPlan(NamedTuple):
     def split(self, n: int) -> list[str]:
         """The kinds of ``n`` rows shared out as this plan shares its feedback rows (cumulative shares, rounded
         half to even): ``feedback_trigger unsolved`` gives a failed group's chosen rows their kinds this way."""
-        kinds, total, start = [], self.feedback, 0
-        cumulative = 0
+        kinds, cumulative, start = [], 0, 0
         for kind, count in self.kinds:
             cumulative += count
-            end = n if cumulative == total else round(n * cumulative / total)
+            end = n if cumulative == self.feedback else round(n * cumulative / self.feedback)
             kinds += [kind] * (end - start)
             start = end
         return kinds

@@ -593,7 +593,8 @@ def preflight(config, problems) -> None:
     from lanpo.verify.code import CodeVerifier, code_settings
     from lanpo.verify.sandbox import is_code_gold
 
-    check_references(config.feedback_kind, {p.id: Reference(p.answer, p.solution) for p in problems})
+    if config.feedback_kind is not None:  # a self run reads no solutions: nothing to build or check
+        check_references(config.feedback_kind, {p.id: Reference(p.answer, p.solution) for p in problems})
     if any(is_code_gold(p.answer) for p in problems):
         CodeVerifier(code_settings(config)).close()
     elif config.code_partial_credit:
