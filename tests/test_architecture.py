@@ -224,6 +224,22 @@ def test_the_decoding_check_finds_each_way_of_decoding():
     assert not choice_decodings(ast.parse("make(args.reflection_source, args.other == 1)"), fields)
 
 
+def test_a_golds_kind_is_read_from_its_text_only_where_the_data_does_not_say():
+    """A gold's kind (math answer or test suite) is decided when its problem is loaded, then carried (Problem,
+    the data set's gold_kind column, Row, Reference, Trial). Its text is read for it in one function, called only
+    at the three entrances where data arrives without a kind; no other module looks at a gold's JSON prefix."""
+    callers = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        if "gold_kind_of" in named:
+            callers.add(str(path.relative_to(PACKAGE)))
+        if path.name != "sandbox.py":
+            assert "CODE_GOLD_KEY" not in named and "code_tests" not in path.read_text(), path
+    assert callers == {"data/loaders.py", "verify/rewards.py", "run/checkpoints.py"}, callers
+
+
 def test_context_in_loss_is_decoded_once():
     """Only plan.py names the objectives and only config.py reads the field: the rest asks the decoded Objective."""
     from lanpo.plan import OBJECTIVES

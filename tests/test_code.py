@@ -13,13 +13,13 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from lanpo.data.code_tasks import FAMILIES, code_tasks
-from lanpo.data.loaders import DataError, builtin_code, load_problems
+from lanpo.data.loaders import DataError, builtin_code, load_problems, to_prompt_dataset, with_answer_column
 from lanpo.feedback.labels import clean_lessons
-from lanpo.feedback.privileged import ground_truth, states_answer
+from lanpo.feedback.privileged import ground_truth, states_answer, take_references
 from lanpo.prompts import (
     CODE_INSTRUCTION,
     SOLVE_INSTRUCTION,
@@ -29,8 +29,8 @@ from lanpo.prompts import (
     summary_messages,
 )
 from lanpo.verify.code import CodeSettings, CodeVerifier, Verifier, extract_code
-from lanpo.verify.rewards import MathVerifier
-from lanpo.verify.sandbox import CodeTests, Execution, Limits, Sandbox, SandboxUnavailable, is_code_gold
+from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
+from lanpo.verify.sandbox import CodeTests, Execution, Limits, Sandbox, SandboxUnavailable
 
 needs_bwrap = pytest.mark.skipif(
     subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
@@ -81,7 +81,7 @@ def test_builtin_code_problems_are_reproducible_and_carry_tests_and_a_solution()
     problem = first[0]
     assert problem.problem.startswith("Write the Python function below.") and "```python\ndef " in problem.problem
     tests = CodeTests.from_gold(problem.answer)
-    assert is_code_gold(problem.answer) and len(tests.cases) >= 5
+    assert problem.gold_kind == "code" and len(tests.cases) >= 5
     assert f"def {tests.entry_point}(" in problem.solution and "return" in problem.solution
     assert "return" not in problem.problem  # the statement holds the signature and docstring, never the body
     with pytest.raises(DataError, match="levels 1-5"):
@@ -107,7 +107,7 @@ def test_every_reference_solution_passes_its_own_tests_and_a_wrong_one_fails():
 def test_humaneval_loads_from_the_wheel_and_its_canonical_solutions_pass():
     problems = load_problems("humaneval")
     assert len(problems) == 164
-    assert all(p.solution and is_code_gold(p.answer) for p in problems)
+    assert all(p.solution and p.gold_kind == "code" for p in problems)
     assert "check(candidate)" not in problems[0].problem and "def has_close_elements" in problems[0].problem
     with closing(CodeVerifier(CodeSettings())) as verifier:
         scores = verifier.score_texts([p.answer for p in problems], [fence(p.solution) for p in problems])
@@ -340,9 +340,9 @@ def test_without_bubblewrap_lanpo_refuses_unless_the_risk_is_named(monkeypatch):
     assert unsafe.run("while True:\n    pass\n", ADD).outcome in ("timeout", "crashed")
     # math needs no sandbox: a verifier on a machine without bubblewrap still scores math
     with Verifier(MathVerifier()) as verifier:
-        assert verifier.score_texts(["4"], ["\\boxed{4}"]) == [1.0]
+        assert verifier.score_texts(["4"], ["\\boxed{4}"], kinds=["math"]) == [1.0]
         with pytest.raises(SandboxUnavailable):
-            verifier.score_texts([ADD.to_gold()], [fence(RIGHT)])
+            verifier.score_texts([ADD.to_gold()], [fence(RIGHT)], kinds=["code"])
 
 
 @needs_bwrap
@@ -350,11 +350,52 @@ def test_the_verifier_routes_each_gold_and_counts_outcomes():
     with Verifier(MathVerifier(), CodeSettings(workers=2)) as verifier:
         golds = ["4", ADD.to_gold(), ADD_CHECK.to_gold(), "7", ADD.to_gold()]
         texts = ["\\boxed{4}", fence(RIGHT), fence("def add(a, b):\n    return 0\n"), "\\boxed{8}", "no code"]
-        assert verifier.score_texts(golds, texts, [None] * 5) == [1.0, 1.0, 0.0, 0.0, 0.0]
+        kinds = ["math", "code", "code", "math", "code"]
+        assert verifier.score_texts(golds, texts, [None] * 5, kinds=kinds) == [1.0, 1.0, 0.0, 0.0, 0.0]
         stats = verifier.stats
         assert stats["code/passed"] == 1 and stats["code/failed"] == 1 and stats["code/no_code"] == 1
-        assert verifier.score_texts(['{"code_tests": "garbage"'], [fence(RIGHT)]) == [0.0]
+        assert verifier.score_texts(['{"code_tests": "garbage"'], [fence(RIGHT)], kinds=["code"]) == [0.0]
         assert verifier.stats["code/bad_tests"] == 1
+
+
+# A math answer's text can be anything, a test suite's JSON included: what a gold is comes from where it was loaded.
+MATH_ANSWERS = st.one_of(
+    st.text(st.characters(codec="utf-8"), min_size=1, max_size=30),
+    st.just(ADD.to_gold()),
+    st.text(max_size=20).map(lambda t: '{"code_tests": ' + json.dumps(t)),
+)
+
+
+@settings(max_examples=15, deadline=None)
+@given(answer=MATH_ANSWERS)
+def test_a_gold_is_what_its_loader_says_whatever_its_text(tmp_path_factory, answer):
+    path = tmp_path_factory.mktemp("math") / "math.jsonl"
+    path.write_text(json.dumps({"problem": "What is it?", "answer": answer}) + "\n")
+    try:
+        problems = load_problems(str(path))
+    except DataError:  # an answer that is only white space: the row is skipped, and no row is left
+        assume(False)
+    assert [p.gold_kind for p in problems] == ["math"]
+    dataset = with_answer_column(to_prompt_dataset(problems))
+    assert dataset["gold_kind"] == ["math"]
+    _, references = take_references(dataset)
+    assert [r.gold_kind for r in references.values()] == ["math"]
+    gold = problems[0].answer
+    with Verifier(MathVerifier(), CodeSettings(workers=1)) as verifier:
+        reward = make_accuracy_reward(verifier)
+        reward([f"\\boxed{{{gold}}}"], answer=[gold], gold_kind=dataset["gold_kind"])
+        assert not [k for k in verifier.stats if k.startswith("code/")]  # never run as a test suite
+    assert ground_truth(gold, problems[0].gold_kind) == f"the ground truth is {gold.strip()}"
+
+
+def test_a_data_set_that_does_not_say_gets_its_kinds_once_where_it_enters_and_one_that_says_keeps_them():
+    problems = load_problems("builtin:code?levels=1&n=2") + load_problems("builtin:arith?n=1")
+    assert [p.gold_kind for p in problems] == ["code", "code", "math"]
+    dataset = to_prompt_dataset(problems)
+    assert dataset["gold_kind"] == ["code", "code", "math"]
+    assert with_answer_column(dataset.remove_columns("gold_kind"))["gold_kind"] == ["code", "code", "math"]
+    said = dataset.remove_columns("gold_kind").add_column("gold_kind", ["math"] * 3)
+    assert with_answer_column(said)["gold_kind"] == ["math"] * 3  # the data set's word, not the text's
 
 
 # -- prompts and lessons ---------------------------------------------------------------------------------------
@@ -372,9 +413,11 @@ def test_code_prompts_ask_for_code_and_never_show_test_results():
     assert "assert" not in text and "passed" not in text.lower() and "failed" not in text.lower()
     assert CODE_INSTRUCTION in abstraction_text(problem.problem, [(["Check the empty list first."], [])])
     assert "Do not write any code" in summary_messages(problem.problem, "attempt", True)[0]["content"]
-    truth = ground_truth(problem.answer)  # gold critique (privileged): one test, never the solution or raw tests
+    truth = ground_truth(
+        problem.answer, problem.gold_kind
+    )  # gold critique (privileged): one test, never the solution or raw tests
     assert truth.startswith("a test it must pass is: assert ") and "{" not in truth
-    assert ground_truth("42") == "the ground truth is 42"
+    assert ground_truth("42", "math") == "the ground truth is 42"
 
 
 SOLUTION_LINES = [line.strip() for f in FAMILIES for line in f.body.format(c=3, ch="a").splitlines()]
@@ -382,9 +425,9 @@ SOLUTION_LINES = [line.strip() for f in FAMILIES for line in f.body.format(c=3, 
 
 @given(st.sampled_from(SOLUTION_LINES), st.sampled_from(["", "Use ", "Remember: ", "- "]))
 def test_lessons_and_hints_that_hold_code_are_dropped(line, prefix):
-    kept, dropped = clean_lessons([prefix + line], [ADD.to_gold()])
+    kept, dropped = clean_lessons([prefix + line], [], code=True)
     assert not kept and (dropped["holds_code"] or dropped["states_an_answer"])
-    assert states_answer(prefix + line, ADD.to_gold())
+    assert states_answer(prefix + line, ADD.to_gold(), "code")
 
 
 @given(
@@ -398,8 +441,8 @@ def test_lessons_and_hints_that_hold_code_are_dropped(line, prefix):
     )
 )
 def test_lessons_in_words_are_kept_for_code(lesson):
-    assert clean_lessons([lesson], [ADD.to_gold()])[0] == [lesson]
-    assert not states_answer(lesson, ADD.to_gold())
+    assert clean_lessons([lesson], [], code=True)[0] == [lesson]
+    assert not states_answer(lesson, ADD.to_gold(), "code")
 
 
 # -- training --------------------------------------------------------------------------------------------------

@@ -259,7 +259,7 @@ def test_self_correct_with_an_empty_first_attempt_makes_a_fresh_attempt(monkeypa
 
     monkeypatch.setattr(ev, "generate", fake_generate)
     settings = ev.EvalSettings(k=2, rounds=1)
-    with ev.MathVerifier() as verifier:
+    with ev.Verifier(ev.MathVerifier()) as verifier:
         result = ev.run_self_correct(None, None, [Problem("p", "What is 1 + 1?", "2")], settings, verifier)
     assert result.metrics["reflection_fallbacks"] == 2 and result.metrics["mean@2"] == 1.0
     assert all("Earlier attempt" not in prompt for prompt in calls[1])  # nothing to reflect on: the plain prompt

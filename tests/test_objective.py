@@ -233,7 +233,9 @@ def test_a_privileged_source_gets_every_feedback_row_of_its_kind(source):
 
 
 def test_rows_follow_the_plan_in_every_group_and_trials_alternate_right_and_wrong():
-    inputs = [{"problem": f"q{i // 4}", "problem_id": f"p{i // 4}", "answer": "1"} for i in range(8)]
+    inputs = [
+        {"problem": f"q{i // 4}", "problem_id": f"p{i // 4}", "answer": "1", "gold_kind": "math"} for i in range(8)
+    ]
     rows = make_rows(inputs, 4, GroupPlan(2, (("reflection", 1), ("abstraction", 1))))
     assert [r.kind for r in rows] == ["scratch", "scratch", "reflection", "abstraction"] * 2
     for r, text in zip(rows, ["a", "b", "c", "d", "e", "", "g", "h"]):

@@ -41,7 +41,7 @@ def kit(references=None, write=None, right=None) -> PrivilegedKit:
     return PrivilegedKit(
         references if references is not None else {"p": Reference("12", SOLUTION)},
         HintLadder(),
-        right=right or (lambda golds, texts, problems: [g in t for g, t in zip(golds, texts)]),
+        right=right or (lambda references, texts, problems: [r.answer in t for r, t in zip(references, texts)]),
         write=write,
     )
 
@@ -186,7 +186,7 @@ def test_a_hint_that_states_the_answer_in_any_form_is_dropped(answer, form, befo
         "latex": f"\\frac{{{3 * answer}}}{{3}}",
         "word": NUMBER_WORDS.get(answer, ""),
     }[form]
-    assert states_answer(f"{before} {written} here.", str(answer))
+    assert states_answer(f"{before} {written} here.", str(answer), "math")
 
 
 @settings(max_examples=60, deadline=None)
@@ -198,7 +198,7 @@ def test_a_hint_that_states_the_answer_in_any_form_is_dropped(answer, form, befo
 def test_a_hint_free_of_the_answer_is_kept(answer, others, words):
     numbers = [n for n in others if n != answer and word_number(str(n)) != answer]
     hint = " ".join(words + [str(n) for n in numbers]) + "."
-    assert not states_answer(hint, str(answer))
+    assert not states_answer(hint, str(answer), "math")
 
 
 # -- hint levels: the ladder, escalation, anneal ----------------------------------------------------------------

@@ -803,7 +803,9 @@ def test_a_riding_summary_goes_on_until_end_of_sequence_or_its_limit():
     pool = ExperiencePool(":memory:")
 
     def step(pending):
-        rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * 4, 4, GroupPlan(4))
+        rows = rollout.make_rows(
+            [{"problem": "1 + 1", "problem_id": "p", "answer": "2", "gold_kind": "math"}] * 4, 4, GroupPlan(4)
+        )
         sources = {
             "abstraction": AbstractionSource(Retriever(pool, "bm25", gamma=0.0)),
             "reflection": ReflectionSource(pool),
@@ -922,7 +924,9 @@ def test_unsolved_summaries_ride_in_the_feedback_phase_and_a_quiet_step_generate
     for all_solved, new_trials in steps:
         solved[0] = all_solved
         calls.clear()
-        rows = rollout.make_rows([{"problem": "1 + 1", "problem_id": "p", "answer": "2"}] * row_count, 4)
+        rows = rollout.make_rows(
+            [{"problem": "1 + 1", "problem_id": "p", "answer": "2", "gold_kind": "math"}] * row_count, 4
+        )
         before = list(pending)
         context = rollout.StepContext(plan, sources, pending, Counter(), Counter())
         _, finished, carried = rollout.unsolved_rollout(rows, [[1, 2, 3]] * row_count, 4, model, context)

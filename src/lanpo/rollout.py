@@ -34,6 +34,7 @@ from lanpo.plan import HINT_TOP, GroupPlan, StepPlan, is_privileged
 from lanpo.pool.store import Attempt
 from lanpo.prompts import Messages, clip
 from lanpo.summarize import Trial, continue_summaries, summary_input
+from lanpo.verify.sandbox import GoldKind
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Row:
     problem: str
     gold: str
     kind: str = "scratch"  # scratch, or the feedback kind the plan asked for (lanpo.plan.KINDS)
+    gold_kind: GoldKind = "math"  # what ``gold`` is: its data set's gold_kind column
     context: Messages | None = None  # the feedback prompt actually used (None: plain prompt)
     fallback: str = ""  # why a planned feedback row got the plain prompt (no_attempt, no_relevant_entry, ...)
     completion_ids: list[int] = field(default_factory=list)
@@ -83,7 +85,12 @@ class RolloutModel:
 def make_rows(inputs: Sequence[dict], g: int, plan: GroupPlan | None = None) -> list[Row]:
     """One :class:`Row` per input, kinds assigned by ``plan`` within each group of ``g`` (``None``: all scratch)."""
     return [
-        Row(*problem_of(item), str(item["answer"]), plan.kind_of(i % g) if plan is not None else "scratch")
+        Row(
+            *problem_of(item),
+            str(item["answer"]),
+            plan.kind_of(i % g) if plan is not None else "scratch",
+            gold_kind=item["gold_kind"],
+        )
         for i, item in enumerate(inputs)
     ]
 
@@ -390,6 +397,7 @@ def choose_trials(
                     bool(correct[i]),
                     gold=r.gold,
                     reward=float(rewards[i]),
+                    gold_kind=r.gold_kind,
                     step=step,
                     rollout_id=f"{step}:{rank}:{i}",
                 )

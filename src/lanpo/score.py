@@ -54,7 +54,7 @@ def shown_for(source: str, problem: str, reference: Reference | None, sibling: s
     """The part of a context that carries information (the answer statement, the solution prefix, the sibling's
     solution); None where the row has none to show. The rest of a context is the template (:func:`context_messages`)."""
     if source == "gold":
-        return ground_truth(reference.answer) if reference is not None else None
+        return ground_truth(reference.answer, reference.gold_kind) if reference is not None else None
     if source == "reference":
         if reference is None or not reference.solution:
             return None
@@ -118,7 +118,8 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
             for answer in perturbed_answers(row.reference.answer):
                 if len(wrong) >= wanted:
                     break
-                other = shown_for("gold", row.problem, Reference(answer), None, scoring.level)
+                wrong_gold = Reference(answer, gold_kind=row.reference.gold_kind)
+                other = shown_for("gold", row.problem, wrong_gold, None, scoring.level)
                 if other not in seen:
                     seen.add(other)
                     wrong.append(context_messages(scoring.source, row.problem, other))

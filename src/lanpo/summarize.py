@@ -21,6 +21,7 @@ from lanpo.feedback.labels import clean_lessons
 from lanpo.pool.store import PoolEntry
 from lanpo.prompts import Messages, parse_summary, summary_messages, with_prefill
 from lanpo.verify.answers import extract_answer
+from lanpo.verify.sandbox import GoldKind
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Trial:
     correct: bool
     gold: str | None = None
     reward: float | None = None
+    gold_kind: GoldKind = "math"  # what ``gold`` is (its data set's gold_kind)
     step: int = 0
     rollout_id: str = ""
     summary_ids: list[int] = field(default_factory=list)  # the summary written so far (it may span generations)
@@ -49,9 +51,10 @@ def entry_from_summary(trial: Trial, text: str, stats: Counter | None = None) ->
     if summary is None:
         stats["parse_failed"] += 1
         return None
-    answers = [trial.gold, extract_answer(trial.completion, "lenient", trial.problem)]
-    principles, d1 = clean_lessons(summary.principles, answers)
-    pitfalls, d2 = clean_lessons(summary.pitfalls, answers)
+    code = trial.gold_kind == "code"  # a code gold is a test suite: lessons that hold code go instead
+    answers = ([] if code else [trial.gold]) + [extract_answer(trial.completion, "lenient", trial.problem)]
+    principles, d1 = clean_lessons(summary.principles, answers, code)
+    pitfalls, d2 = clean_lessons(summary.pitfalls, answers, code)
     for reason, n in (d1 + d2).items():
         stats["lessons_dropped"] += n
         stats[f"lessons_dropped:{reason}"] += n

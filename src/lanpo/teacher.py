@@ -80,7 +80,13 @@ class Teacher:
         truncated. Returns how many failed plain rows had no context to be scored under."""
         trainer, scoring, g = self.trainer, self.scoring, self.trainer.num_generations
         seen = [
-            score.ScoredRow(r.problem_id, r.problem, r.text, ok, references.get(r.problem_id) or Reference(r.gold))
+            score.ScoredRow(
+                r.problem_id,
+                r.problem,
+                r.text,
+                ok,
+                references.get(r.problem_id) or Reference(r.gold, gold_kind=r.gold_kind),
+            )
             for r, ok in zip(rows, correct)
         ]
         contexts = score.teacher_contexts(seen, g, scoring)

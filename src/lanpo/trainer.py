@@ -49,7 +49,6 @@ from lanpo.summarize import Trial, entry_from_summary, summarize_apart
 from lanpo.teacher import Teacher
 from lanpo.verify.code import Verifier, code_settings
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
-from lanpo.verify.sandbox import is_code_gold
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ class LanpoTrainer(GRPOTrainer):
         train_dataset, self.references = take_references(train_dataset)
         check_references(args.feedback_kind, self.references)  # before the model loads: nothing to read stops here
         self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), code_settings(args))
-        if train_dataset is not None and any(is_code_gold(a) for a in train_dataset["answer"]):
+        if train_dataset is not None and "code" in train_dataset["gold_kind"]:
             self.verifier.start_code()  # code problems: the sandbox starts now, or the run stops here saying why
         vllm_cpu.prepare(args)
         with warnings.catch_warnings():  # lanpo pins trl<2 and tests the rollout_func API it relies on
@@ -170,8 +169,11 @@ class LanpoTrainer(GRPOTrainer):
             privileged = PrivilegedKit(
                 self.references,
                 self.hint_ladder,
-                right=lambda golds, texts, problems: [
-                    s > 0.5 for s in self.verifier.score_texts(golds, texts, problems)
+                right=lambda references, texts, problems: [
+                    s > 0.5
+                    for s in self.verifier.score_texts(
+                        [r.answer for r in references], texts, problems, kinds=[r.gold_kind for r in references]
+                    )
                 ],
                 write=self._write,
             )
@@ -255,7 +257,9 @@ class LanpoTrainer(GRPOTrainer):
 
     def _right(self, rows: list[rollout.Row]) -> list[bool]:
         """Which rows' answers the verifier credits (feedback_trigger unsolved decides on these)."""
-        scores = self.verifier.score_texts([r.gold for r in rows], [r.text for r in rows], [r.problem for r in rows])
+        scores = self.verifier.score_texts(
+            [r.gold for r in rows], [r.text for r in rows], [r.problem for r in rows], kinds=[r.gold_kind for r in rows]
+        )
         return [score > 0.5 for score in scores]
 
     def _any_process(self, flag: bool) -> bool:

@@ -113,7 +113,6 @@ def command(args) -> int:
     from lanpo.pool.store import ExperiencePool
     from lanpo.run.files import check_writable
     from lanpo.verify.code import CodeVerifier, code_settings
-    from lanpo.verify.sandbox import is_code_gold
 
     modes = args.modes
     probe = [m for m in modes if m in PRIVILEGED_MODES]
@@ -153,7 +152,7 @@ def command(args) -> int:
                     "(--solution-field NAME names the field)."
                 )
         datasets[spec] = problems
-    if any(is_code_gold(p.answer) for problems in datasets.values() for p in problems):
+    if any(p.gold_kind == "code" for problems in datasets.values() for p in problems):
         CodeVerifier(settings.code).close()  # no sandbox, no evaluation: said here, before the model loads
     model, tokenizer = load_for_generation(model_path(args.model), args.backend, args.dtype, args.device, args.seed)
     mode_kwargs = {}

@@ -378,7 +378,8 @@ def _first_accepted(prompts: list[Messages], teacher: GenerateFn, tries: int, ac
 def _build_batch(batch, teacher, verifier, tries, quota, report, done, record, summaries, retriever, teacher_name):
     # 1. attempts: the teacher solves each problem `tries` times; graded attempts feed the other skills
     replies = teacher([solve_messages(p.problem) for p in batch for _ in range(tries)])
-    scores = verifier.score_texts([p.answer for p in batch for _ in range(tries)], replies)
+    each = [p for p in batch for _ in range(tries)]
+    scores = verifier.score_texts([p.answer for p in each], replies, kinds=[p.gold_kind for p in each])
     attempts = {
         p.id: [
             (r, s == 1.0) for r, s in zip(replies[i * tries : (i + 1) * tries], scores[i * tries :]) if r and r.strip()
@@ -478,7 +479,7 @@ def _solve_skill(
     def accept(i: int, reply: str) -> str:
         if check_labels and LABEL_TALK.search(reply):
             return "reply talks about rewards or reference answers"
-        if verifier.score_texts([problems[i].answer], [reply])[0] != 1.0:
+        if verifier.score_texts([problems[i].answer], [reply], kinds=[problems[i].gold_kind])[0] != 1.0:
             return "answer did not verify"
         return ""
 

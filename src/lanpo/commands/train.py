@@ -588,14 +588,13 @@ def preflight(config, problems) -> None:
     """What the trainer would refuse about the data, refused before the model loads: a privileged source with no
     worked solution to read, code problems with no sandbox to run them (said once, with the reason); an option the
     data leaves without effect, warned about."""
-    from lanpo.feedback.privileged import Reference
+    from lanpo.feedback.privileged import reference_of
     from lanpo.trainer import check_references
     from lanpo.verify.code import CodeVerifier, code_settings
-    from lanpo.verify.sandbox import is_code_gold
 
     if config.feedback_kind is not None:  # a self run reads no solutions: nothing to build or check
-        check_references(config.feedback_kind, {p.id: Reference(p.answer, p.solution) for p in problems})
-    if any(is_code_gold(p.answer) for p in problems):
+        check_references(config.feedback_kind, {p.id: reference_of(p) for p in problems})
+    if any(p.gold_kind == "code" for p in problems):
         CodeVerifier(code_settings(config)).close()
     elif config.code_partial_credit:
         logger.warning("code_partial_credit does nothing here: the training data holds no code problems.")

@@ -43,7 +43,7 @@ from lanpo.data.code_tasks import (
 )
 from lanpo.data.presets import PRESETS, Preset
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
-from lanpo.verify.sandbox import CodeTests
+from lanpo.verify.sandbox import CodeTests, GoldKind, gold_kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class Problem:
     answer: str
     source: str = ""
     solution: str | None = None  # a worked solution, steps one per line where the source writes them so
+    gold_kind: GoldKind = "math"  # what ``answer`` is: decided here, by the loader that read the problem
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -443,7 +444,7 @@ def builtin_code(
         raise DataError(str(error)) from error
     if len(tasks) < n:
         logger.warning("builtin:code levels %s hold only %d %s tasks (asked for %d)", levels, len(tasks), split, n)
-    return [Problem(t.id, t.text, t.tests.to_gold(), f"builtin:code/L{t.level}", t.solution) for t in tasks]
+    return [Problem(t.id, t.text, t.tests.to_gold(), f"builtin:code/L{t.level}", t.solution, "code") for t in tasks]
 
 
 def code_rows_to_problems(
@@ -491,7 +492,7 @@ def code_rows_to_problems(
             stats.skip(defects[0], index + 1)
             continue
         pid = _row_id(row, source, index, seen_ids)
-        problems.append(Problem(pid, code_problem_text(code), tests.to_gold(), source, solution))
+        problems.append(Problem(pid, code_problem_text(code), tests.to_gold(), source, solution, "code"))
         rows_of[pid] = index + 1
         stats.kept += 1
     if run_solutions:
@@ -518,7 +519,9 @@ def _failing_solutions(problems: list[Problem]) -> set[str]:
         logger.warning("%d reference solutions not run against their tests: no sandbox here.", len(problems))
         return set()
     try:
-        scores = verifier.score_texts([p.answer for p in problems], [f"```python\n{p.solution}\n```" for p in problems])
+        scores = verifier.score_texts(
+            [p.answer for p in problems], [f"```python\n{p.solution}\n```" for p in problems]
+        )  # a CodeVerifier: every gold here is a test suite
     finally:
         verifier.close()
     return {p.id for p, score in zip(problems, scores) if score < 1.0}
@@ -742,6 +745,7 @@ def to_prompt_dataset(problems: list[Problem]):
             {
                 "prompt": solve_messages(p.problem),
                 "answer": p.answer,
+                "gold_kind": p.gold_kind,
                 "problem_id": p.id,
                 "problem": p.problem,
                 "source": p.source,
@@ -764,7 +768,16 @@ def problem_of(row: dict) -> tuple[str, str]:
 
 def with_answer_column(dataset, answer_field: str | None = None):
     """``dataset`` with an ``answer`` column for the reward: taken from ``answer_field``, else the first of
-    ``final_answer``, ``solution`` (its last ``\\boxed{}``), ``target``, ``ground_truth`` (case-insensitive)."""
+    ``final_answer``, ``solution`` (its last ``\\boxed{}``), ``target``, ``ground_truth`` (case-insensitive); and a
+    ``gold_kind`` column (``math`` or ``code``: what each answer is) where the data set has none, read from each
+    answer once, here."""
+    dataset = _with_answers(dataset, answer_field)
+    if "gold_kind" in dataset.column_names:
+        return dataset
+    return dataset.add_column("gold_kind", [gold_kind_of(a) for a in dataset["answer"]])
+
+
+def _with_answers(dataset, answer_field: str | None):
     names = dataset.column_names
     if answer_field is None and "answer" in names:
         return dataset

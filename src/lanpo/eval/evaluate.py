@@ -43,7 +43,6 @@ from lanpo.prompts import CODE_HEADER, domain_of, is_code_problem, solve_message
 from lanpo.verify.answers import extract_answer
 from lanpo.verify.code import CodeSettings, Verifier
 from lanpo.verify.rewards import MathVerifier
-from lanpo.verify.sandbox import is_code_gold
 
 logger = logging.getLogger(__name__)
 
@@ -115,11 +114,13 @@ class ModeResult:
     samples: list[list[Sample]] | None = None  # zero-shot: the samples themselves (token ids: the transfer metric)
 
 
-def _score(verifier: MathVerifier, problems: list[Problem], samples: list[list[Sample]]) -> list[list[float]]:
-    golds = [p.answer for p in problems for _ in range(len(samples[0]))]
-    texts = [s.text for row in samples for s in row]
-    flat = verifier.score_texts(golds, texts, [p.problem for p in problems for _ in range(len(samples[0]))])
+def _score(verifier: Verifier, problems: list[Problem], samples: list[list[Sample]]) -> list[list[float]]:
     k = len(samples[0])
+    each = [p for p in problems for _ in range(k)]
+    texts = [s.text for row in samples for s in row]
+    flat = verifier.score_texts(
+        [p.answer for p in each], texts, [p.problem for p in each], kinds=[p.gold_kind for p in each]
+    )
     return [flat[i * k : (i + 1) * k] for i in range(len(problems))]
 
 
@@ -334,7 +335,7 @@ def run_gold(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
     first = _sample(model, tokenizer, [solve_messages(p.problem) for p in problems], settings, "gold r0")
     first_scores = _score(verifier, problems, first)
     prompts = [
-        gold_messages(p.problem, s.text, ground_truth(p.answer), sc > 0.5)
+        gold_messages(p.problem, s.text, ground_truth(p.answer, p.gold_kind), sc > 0.5)
         for p, row, row_scores in zip(problems, first, first_scores)
         for s, sc in zip(row, row_scores)
     ]
@@ -377,7 +378,7 @@ def run_self_hint(model, tokenizer, problems, settings, verifier, **_) -> ModeRe
     hints = {i: with_prefill(asks[i], row[0].text) for i, row in zip(asked, written)}
     prompts, extra, counts = [], [], {"hints_used": 0, "unparsed": 0, "states_answer": 0, "no_solution": 0}
     for i, p in enumerate(problems):
-        outcome, hint = judge_hint(hints[i], p.answer) if i in hints else ("no_solution", None)
+        outcome, hint = judge_hint(hints[i], p.answer, p.gold_kind) if i in hints else ("no_solution", None)
         why, prompt = outcome, solve_messages(p.problem)  # no solution, or a hint that stated the answer
         if outcome == "unparsed":
             prompt = _reference_prompt(p, settings.hint_level) or prompt
@@ -421,7 +422,7 @@ def evaluate(
     }
     results = []
     with Verifier(MathVerifier(settings.verify_time_limit, settings.extraction), settings.code) as verifier:
-        if any(is_code_gold(p.answer) for p in problems):
+        if any(p.gold_kind == "code" for p in problems):
             verifier.start_code()  # the sandbox starts before any generation, or the evaluation stops here saying why
         for mode in modes:
             torch.manual_seed(settings.seed)

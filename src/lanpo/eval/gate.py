@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lanpo.engine.generation import chat_ids, left_pad
-from lanpo.feedback.privileged import Reference, ground_truth
+from lanpo.feedback.privileged import ground_truth, reference_of
 from lanpo.plan import Scoring
 from lanpo.prompts import Messages, solve_messages
 from lanpo.score import ScoredRow, answer_span, answer_token_mask, context_messages, teacher_contexts
@@ -167,7 +167,7 @@ def transfer_gap(policy, teacher, tokenizer, problems, samples, temperature: flo
         temperature,
         batch_size,
     )
-    gold = [context_messages("gold", p.problem, ground_truth(p.answer)) for p, _ in rows]
+    gold = [context_messages("gold", p.problem, ground_truth(p.answer, p.gold_kind)) for p, _ in rows]
     hinted = completion_logps(
         teacher, [chat_ids(tokenizer, m) for m in gold], completions, pad, temperature, batch_size
     )
@@ -202,7 +202,10 @@ def run_gate(model, tokenizer, problems, verifier, sources: Sequence[str], setti
     rollouts = []
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     for index, (problem, row) in enumerate(zip(problems, samples)):
-        scores = verifier.score_texts([problem.answer] * len(row), [s.text for s in row], [problem.problem] * len(row))
+        n = len(row)
+        scores = verifier.score_texts(
+            [problem.answer] * n, [s.text for s in row], [problem.problem] * n, kinds=[problem.gold_kind] * n
+        )
         for sample, reward in zip(row, scores):
             found, _ = find_answer(sample.text, settings.extraction, problem.problem)
             mask = answer_token_mask(sample.token_ids, decode, answer_span(sample.text, found))
@@ -226,7 +229,7 @@ def run_gate(model, tokenizer, problems, verifier, sources: Sequence[str], setti
             r.problem,
             r.text,
             r.right,
-            Reference(problems[r.problem_index].answer, problems[r.problem_index].solution),
+            reference_of(problems[r.problem_index]),
         )
         for r in rollouts
     ]

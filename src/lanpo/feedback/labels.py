@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 from lanpo.prompts import Messages
 from lanpo.verify.answers import mentions_answer
-from lanpo.verify.sandbox import is_code_gold
 
 # Label talk: verdicts, grades and reference answers. A feedback template never says these about an attempt,
 # and an SFT reflection example that says them is not kept (lanpo.commands.sft_data).
@@ -73,15 +72,16 @@ def template_talks_about_labels(text: str, own_texts: Iterable[str]) -> bool:
     return bool(LABEL_TALK.search(rest))
 
 
-def clean_lessons(items: Sequence[str], source_answers: Iterable[str] = ()) -> tuple[list[str], Counter]:
+def clean_lessons(
+    items: Sequence[str], source_answers: Iterable[str] = (), code: bool = False
+) -> tuple[list[str], Counter]:
     """Lessons fit to show another problem: none that states an answer, holds code, talks about grades, states one of
-    ``source_answers`` (its own problem's gold and final answer) in any form, or is only an answer."""
+    ``source_answers`` (its own problem's gold and final answer) in any form, or is only an answer. ``code``: the
+    lessons come from a code problem (its gold a test suite, not among ``source_answers``), and any lesson that holds
+    code is dropped (:func:`holds_code` strict)."""
     kept = []
     dropped = Counter()
-    # A code problem's gold is its test suite: a lesson that holds code is dropped instead (holds_code).
     answers = [a for a in source_answers if a is not None and str(a).strip()]
-    code = any(is_code_gold(a) for a in answers)
-    answers = [a for a in answers if not is_code_gold(a)]
     for item in items:
         item = item.strip() if isinstance(item, str) else ""
         if not item:

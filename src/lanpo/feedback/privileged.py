@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lanpo.data.loaders import problem_of
+from lanpo.data.loaders import Problem, problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
 from lanpo.feedback.labels import ANSWER_STATEMENT, holds_code
 from lanpo.feedback.reflection import ReflectionSource
@@ -36,15 +36,22 @@ from lanpo.prompts import (
     self_hint_messages,
 )
 from lanpo.verify.answers import mentions_answer
-from lanpo.verify.sandbox import CodeTests, is_code_gold
+from lanpo.verify.sandbox import CodeTests, GoldKind
 
 
 @dataclass(frozen=True)
 class Reference:
-    """What a privileged source may know of a problem: its gold answer and worked solution (None: none)."""
+    """What a privileged source may know of a problem: its gold answer (and what kind: its data set's
+    ``gold_kind``) and worked solution (None: none)."""
 
     answer: str
     solution: str | None = None
+    gold_kind: GoldKind = "math"
+
+
+def reference_of(problem: Problem) -> Reference:
+    """A loaded problem's reference: its gold (and what kind) and worked solution."""
+    return Reference(problem.answer, problem.solution, problem.gold_kind)
 
 
 def take_references(dataset) -> tuple[Any, dict[str, Reference]]:
@@ -57,7 +64,8 @@ def take_references(dataset) -> tuple[Any, dict[str, Reference]]:
     for row in dataset:
         pid, _ = problem_of(row)
         solution = row.get("solution") if has_solution else None
-        references[pid] = Reference(str(row["answer"]), solution.strip() or None if isinstance(solution, str) else None)
+        solution = solution.strip() or None if isinstance(solution, str) else None
+        references[pid] = Reference(str(row["answer"]), solution, row["gold_kind"])
     return (dataset.remove_columns("solution") if has_solution else dataset), references
 
 
@@ -116,19 +124,19 @@ def reference_prompt(problem: str, solution: str | None, share: float) -> Messag
     return reference_messages(problem, prefix) if prefix else None
 
 
-def judge_hint(text: str, answer: str) -> tuple[str, str | None]:
+def judge_hint(text: str, answer: str, kind: GoldKind) -> tuple[str, str | None]:
     """What becomes of a hint the policy wrote: ``("used", hint)``, ``("unparsed", None)`` (the reference context
     stands in) or ``("states_answer", None)`` (dropped: the plain prompt)."""
     hint = parse_hint(text)
     if hint is None:
         return "unparsed", None
-    return ("states_answer", None) if states_answer(hint, answer) else ("used", hint)
+    return ("states_answer", None) if states_answer(hint, answer, kind) else ("used", hint)
 
 
-def ground_truth(answer: str) -> str:
+def ground_truth(answer: str, kind: GoldKind) -> str:
     """The gold critique's statement of the truth: "the ground truth is X"; for a code problem (its gold a test
     suite), one of its tests."""
-    if not is_code_gold(answer):
+    if kind != "code":
         return f"the ground truth is {answer.strip()}"
     tests = CodeTests.from_gold(answer)
     if tests.cases:
@@ -138,11 +146,11 @@ def ground_truth(answer: str) -> str:
     return f"a test it must pass is: {asserts[0]}" if asserts else "it must pass the problem's tests"
 
 
-def states_answer(text: str, answer: str) -> bool:
+def states_answer(text: str, answer: str, kind: GoldKind) -> bool:
     """Whether ``text`` states ``answer`` in any form (``7`` as ``seven``, ``14/2``, ``\\frac{14}{2}``...), or
     states an answer at all ("the answer is", ``\\boxed``): the pool's lesson scrub. For a code problem (its gold
     a test suite), whether the hint holds code: a hint that writes the function gives the solution away."""
-    if is_code_gold(answer):
+    if kind == "code":
         return holds_code(text, strict=True)
     return bool(ANSWER_STATEMENT.search(text)) or mentions_answer(text, answer)
 
@@ -187,12 +195,12 @@ class HintLadder:
 @dataclass
 class PrivilegedKit:
     """What the privileged sources hold, and only they: references by problem id, the hint ladder, the verifier
-    (``right(golds, texts, problems)``: which texts it credits) and the policy as a writer (``write(prompts)``:
+    (``right(references, texts, problems)``: which texts it credits) and the policy as a writer (``write(prompts)``:
     one text per prompt, for self-hints)."""
 
     references: Mapping[str, Reference]
     ladder: HintLadder
-    right: Callable[[list[str], list[str], list[str]], list[bool]]
+    right: Callable[[list[Reference], list[str], list[str]], list[bool]]
     write: Callable[[list[Messages]], list[str]] | None = None
 
 
@@ -245,7 +253,7 @@ class GoldSource(ReflectionSource):
         return cls(kit.pool, kit.args.attempts, kit.privileged)
 
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
-        shown: list[tuple[FeedbackRequest, str, str]] = []  # (request, attempt, answer) per row
+        shown: list[tuple[FeedbackRequest, str, Reference]] = []  # (request, attempt, reference) per row
         missing: dict[int, str] = {}
         for n, request in enumerate(requests):
             reference = self.kit.references.get(request.problem_id)
@@ -253,7 +261,7 @@ class GoldSource(ReflectionSource):
             if reference is None or not attempts:
                 missing[n] = "no_answer" if reference is None else "no_attempt"
                 continue
-            shown += [(request, attempts[j % len(attempts)], reference.answer) for j in range(request.rows)]
+            shown += [(request, attempts[j % len(attempts)], reference) for j in range(request.rows)]
         verdicts = iter(
             self.kit.right([a for _, _, a in shown], [t for _, t, _ in shown], [r.problem for r, _, _ in shown])
         )
@@ -265,8 +273,9 @@ class GoldSource(ReflectionSource):
                 continue
             group = []
             for _ in range(request.rows):
-                _, attempt, answer = next(rows)
-                group.append(Feedback(gold_messages(request.problem, attempt, ground_truth(answer), next(verdicts))))
+                _, attempt, reference = next(rows)
+                truth = ground_truth(reference.answer, reference.gold_kind)
+                group.append(Feedback(gold_messages(request.problem, attempt, truth, next(verdicts))))
             built.append(group)
         return built
 
@@ -311,7 +320,7 @@ class SelfHintSource(FeedbackSource):
         if level == 0:
             return Feedback(None, "annealed")
         counts["self_hint_written"] += 1
-        outcome, hint = judge_hint(text or "", reference.answer)
+        outcome, hint = judge_hint(text or "", reference.answer, reference.gold_kind)
         if outcome == "unparsed":
             counts["self_hint_unparsed"] += 1
             return reference_context(self.kit, request, level)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lanpo.pool.store import POOL_FILENAME as POOL_FILE
 from lanpo.summarize import Trial
+from lanpo.verify.sandbox import gold_kind_of
 
 STAGING = ".staging"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -149,15 +150,20 @@ def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:
     if not files:
         legacy = folder / "lanpo_state.json"  # written by lanpo 0.1 (main process only)
         return (
-            [Trial(**t) for t in json.loads(legacy.read_text()).get("pending", [])]
+            [_trial(t) for t in json.loads(legacy.read_text()).get("pending", [])]
             if legacy.is_file() and rank == 0
             else []
         )
     states = [json.loads(f.read_text()) for f in files]
     if states[0].get("world_size") == world_size:
         mine = [s for s in states if s.get("rank") == rank]
-        return [Trial(**t) for s in mine for t in s.get("pending", [])]
-    return [Trial(**t) for s in states for t in s.get("pending", [])] if rank == 0 else []
+        return [_trial(t) for s in mine for t in s.get("pending", [])]
+    return [_trial(t) for s in states for t in s.get("pending", [])] if rank == 0 else []
+
+
+def _trial(saved: dict) -> Trial:
+    """A pending trial as saved; one saved before trials said their gold's kind has it read from the gold."""
+    return Trial(**({"gold_kind": gold_kind_of(saved.get("gold"))} | saved))
 
 
 def restore(folder: Path, pool, rank: int, world_size: int, run_dir: Path) -> list[Trial]:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lanpo.verify.answers import extraction_mode
-from lanpo.verify.sandbox import CodeTests, Limits, Sandbox, check_workers, is_code_gold
+from lanpo.verify.sandbox import CodeTests, GoldKind, Limits, Sandbox, check_workers
 
 FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
 OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*)\Z", re.DOTALL)
@@ -124,8 +124,9 @@ class CodeVerifier:
 
 
 class Verifier:
-    """One checker for every gold: a test suite (:func:`is_code_gold`) runs in the sandbox, anything else is a math
-    answer. The code sandbox starts on the first code gold, so math runs never need bubblewrap."""
+    """One checker for every gold, by the kind its problem was loaded as (``kinds``): a test suite runs in the
+    sandbox, a math answer is verified. The code sandbox starts on the first code gold, so math runs never need
+    bubblewrap."""
 
     def __init__(self, math, code: CodeSettings | None = None) -> None:
         self.math = math
@@ -153,11 +154,18 @@ class Verifier:
         return stats
 
     def score_texts(
-        self, golds: Sequence[str], texts: Sequence[str], problems: Sequence[str | None] | None = None
+        self,
+        golds: Sequence[str],
+        texts: Sequence[str],
+        problems: Sequence[str | None] | None = None,
+        *,
+        kinds: Sequence[GoldKind],
     ) -> list[float]:
-        golds, texts = list(golds), list(texts)
+        golds, texts, kinds = list(golds), list(texts), list(kinds)
+        if len(kinds) != len(golds):
+            raise ValueError(f"{len(golds)} gold answers but {len(kinds)} gold kinds.")
         problems = list(problems) if problems is not None else [None] * len(texts)
-        code = [i for i, gold in enumerate(golds) if is_code_gold(gold)]
+        code = [i for i, kind in enumerate(kinds) if kind == "code"]
         if not code:
             return self.math.score_texts(golds, texts, problems)
         scores = [0.0] * len(golds)

@@ -35,7 +35,7 @@ from lanpo.verify.answers import (
 )
 from lanpo.verify.code import Verifier
 from lanpo.verify.numerals import numbers_match, strip_thousands
-from lanpo.verify.sandbox import OUTCOMES
+from lanpo.verify.sandbox import OUTCOMES, gold_kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -356,14 +356,19 @@ def completion_text(completion) -> str:
 
 def make_accuracy_reward(verifier: Verifier | MathVerifier | None = None):
     """A TRL reward function: 1.0 when the completion's final answer matches the ``answer`` column (for a code
-    problem, when its function passes the tests the column holds), else 0.0."""
+    problem, its ``gold_kind`` column "code", when its function passes the tests the column holds), else 0.0. A
+    data set without a ``gold_kind`` column (one not built by lanpo) has each gold's kind read from its text."""
     verifier = verifier or get_verifier()
 
-    def accuracy(completions, answer, problem=None, log_metric=None, **kwargs) -> list[float]:
+    def accuracy(completions, answer, problem=None, gold_kind=None, log_metric=None, **kwargs) -> list[float]:
         before = Counter(verifier.stats)
-        scores = verifier.score_texts(
-            list(answer), [completion_text(c) for c in completions], list(problem) if problem is not None else None
-        )
+        texts = [completion_text(c) for c in completions]
+        problems = list(problem) if problem is not None else None
+        if isinstance(verifier, Verifier):
+            kinds = list(gold_kind) if gold_kind is not None else [gold_kind_of(a) for a in answer]
+            scores = verifier.score_texts(list(answer), texts, problems, kinds=kinds)
+        else:  # a math verifier: every gold is a math answer
+            scores = verifier.score_texts(list(answer), texts, problems)
         if log_metric is not None and completions:
             delta = verifier.stats - before
             log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))

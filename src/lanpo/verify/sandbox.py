@@ -53,6 +53,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Literal, get_args
 
 logger = logging.getLogger(__name__)
 
@@ -114,8 +115,15 @@ class CodeTests:
         return found
 
 
-def is_code_gold(gold) -> bool:
-    return isinstance(gold, str) and gold.startswith('{"' + CODE_GOLD_KEY + '"')
+GoldKind = Literal["math", "code"]  # what a gold answer is: a math answer, or a test suite (CodeTests.to_gold)
+GOLD_KINDS: tuple[GoldKind, ...] = get_args(GoldKind)
+
+
+def gold_kind_of(gold) -> GoldKind:
+    """What a gold is, read from its text: only where the data does not say, once, as it is loaded (a data set
+    handed to the trainer without a ``gold_kind`` column, TRL's reward called without one, a checkpoint written
+    before the field). Everything lanpo's loaders build says (:attr:`lanpo.data.loaders.Problem.gold_kind`)."""
+    return "code" if isinstance(gold, str) and gold.startswith('{"' + CODE_GOLD_KEY + '"') else "math"
 
 
 @dataclass(frozen=True)
