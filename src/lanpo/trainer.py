@@ -648,7 +648,8 @@ class LanpoTrainer(GRPOTrainer):
         )
         terms, per_token_kl = loss.feedback_terms(capture, kl, self.args.shaping_gamma, scale)
         if per_token_kl is not None:
-            self._log_kl(loss.kl_sums(per_token_kl, loss.completion_mask(capture.inputs), capture.feedback))
+            kl = loss.kl_sums(per_token_kl, loss.completion_mask(capture.inputs), capture.feedback)
+            self._log_ratios(kl, {"kl": (0, 1), "kl/scratch": (2, 3), "kl/feedback": (4, 5)})  # kl: as TRL logs it
         return policy_loss + terms
 
     @contextmanager
@@ -687,8 +688,10 @@ class LanpoTrainer(GRPOTrainer):
         if capture is not None and capture.logps is None:  # the loss's forward: weights before TRL reads them
             loss.record_forward(capture, result[0])
             if capture.context is not None:
-                self._log_strip_weights(loss.reweight(capture, self.args.strip_ratio_clip))
-                self._log_reliance(loss.reliance_sums(capture))
+                weights = loss.reweight(capture, self.args.strip_ratio_clip)  # (sum, tokens, clipped)
+                strip = {"lanpo/strip_weight_mean": (0, 1), "lanpo/strip_weight_clipped": (2, 1)}
+                self._log_ratios(weights, strip)
+                self._log_ratios(loss.reliance_sums(capture), {"lanpo/hint_reliance": (0, 1)})
         return result
 
     def _correct_in_loss(self, inputs: dict, old: torch.Tensor) -> None:
@@ -707,27 +710,15 @@ class LanpoTrainer(GRPOTrainer):
             has_feedback = torch.zeros(old.size(0), dtype=torch.bool, device=old.device)
         self._log_sampling(loss.strip_vllm_correction(inputs, has_feedback), append=True)
 
-    def _log_strip_weights(self, local: torch.Tensor | None) -> None:
+    def _log_ratios(self, local: torch.Tensor | None, ratios: dict[str, tuple[int, int]]) -> None:
+        """Each ``name: (i, j)`` logged as ``local[i] / local[j]``, both summed over every process (where the sum
+        of ``local[j]`` is positive); nothing where ``local`` is None (the micro-batch had nothing to count)."""
         if local is None:
             return
-        total = self.accelerator.gather(local[None]).sum(0)
-        if total[1] > 0:
-            self._metrics["train"]["lanpo/strip_weight_mean"].append(float(total[0] / total[1]))
-            self._metrics["train"]["lanpo/strip_weight_clipped"].append(float(total[2] / total[1]))
-
-    def _log_reliance(self, local: torch.Tensor | None) -> None:
-        if local is None:
-            return
-        total = self.accelerator.gather(local[None]).sum(0)
-        if total[1] > 0:
-            self._metrics["train"]["lanpo/hint_reliance"].append(float(total[0] / total[1]))
-
-    def _log_kl(self, local: torch.Tensor) -> None:
-        """``kl`` (every token, as TRL logs it), ``kl/scratch`` and ``kl/feedback``, over every process."""
         totals = self.accelerator.reduce(local, reduction="sum")
-        for name, k in (("kl", 0), ("kl/scratch", 2), ("kl/feedback", 4)):
-            if totals[k + 1] > 0:
-                self._metrics["train"][name].append(float(totals[k] / totals[k + 1]))
+        for name, (i, j) in ratios.items():
+            if totals[j] > 0:
+                self._metrics["train"][name].append(float(totals[i] / totals[j]))
 
     def training_step(self, model, inputs, num_items_in_batch):
         start = time.perf_counter()
