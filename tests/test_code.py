@@ -398,6 +398,20 @@ def test_a_data_set_that_does_not_say_gets_its_kinds_once_where_it_enters_and_on
     assert with_answer_column(said)["gold_kind"] == ["math"] * 3  # the data set's word, not the text's
 
 
+@settings(max_examples=20, deadline=None)
+@given(kind=st.one_of(st.text(max_size=10), st.none(), st.integers()).filter(lambda k: k not in ("math", "code")))
+def test_a_gold_kind_column_that_names_no_kind_is_refused_at_the_door(kind):
+    import datasets
+
+    rows = [{"prompt": [], "answer": "2", "gold_kind": "math"}, {"prompt": [], "answer": "3", "gold_kind": kind}]
+    try:
+        dataset = datasets.Dataset.from_list(rows)
+    except (TypeError, ValueError, OverflowError):  # a column arrow cannot hold: refused before lanpo sees it
+        assume(False)
+    with pytest.raises(DataError, match="gold_kind column holds"):
+        with_answer_column(dataset)
+
+
 # -- prompts and lessons ---------------------------------------------------------------------------------------
 
 

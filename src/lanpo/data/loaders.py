@@ -43,7 +43,7 @@ from lanpo.data.code_tasks import (
 )
 from lanpo.data.presets import PRESETS, Preset
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
-from lanpo.verify.sandbox import CodeTests, GoldKind, gold_kind_of
+from lanpo.verify.sandbox import GOLD_KINDS, CodeTests, GoldKind, gold_kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -772,9 +772,15 @@ def with_answer_column(dataset, answer_field: str | None = None):
     ``gold_kind`` column (``math`` or ``code``: what each answer is) where the data set has none, read from each
     answer once, here."""
     dataset = _with_answers(dataset, answer_field)
-    if "gold_kind" in dataset.column_names:
-        return dataset
-    return dataset.add_column("gold_kind", [gold_kind_of(a) for a in dataset["answer"]])
+    if "gold_kind" not in dataset.column_names:
+        return dataset.add_column("gold_kind", [gold_kind_of(a) for a in dataset["answer"]])
+    unknown = sorted({repr(k) for k in dataset["gold_kind"] if k not in GOLD_KINDS})
+    if unknown:
+        raise DataError(
+            f"The training dataset's gold_kind column holds {', '.join(unknown[:5])}: each row's must be one of "
+            f"{list(GOLD_KINDS)} (or drop the column, and each answer's kind is read from its text)."
+        )
+    return dataset
 
 
 def _with_answers(dataset, answer_field: str | None):
