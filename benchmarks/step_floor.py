@@ -26,7 +26,9 @@ vLLM: before); ``grpo-compact`` (``logprob_head compact``); ``grpo`` (compact an
 step's problems attempted in this step's batch, so reflection needs no second phase after step 1) and ``unsolved``
 (``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered);
 ``score-additive`` and ``score-contrastive`` (``feedback_route score``: GRPO's rows, each read by the start model
-under its gold answer, with 2 wrong answers too under the contrastive form: the teacher pass is timed apart).
+under its gold answer, with 2 wrong answers too under the contrastive form: the teacher pass is timed apart; the
+bound, every row scored) and ``score-reference`` (the arm ``verdict-score.yaml`` runs: half a worked solution,
+additive, the default ``score_rows failed``, so only the rows that failed are read).
 
 Settings (``--setting``):
 
@@ -61,7 +63,17 @@ from collections import defaultdict
 
 import torch
 
-ARMS = ("grpo-trl", "grpo-compact", "grpo", "lanpo", "lanpo-ahead", "unsolved", "score-additive", "score-contrastive")
+ARMS = (
+    "grpo-trl",
+    "grpo-compact",
+    "grpo",
+    "lanpo",
+    "lanpo-ahead",
+    "unsolved",
+    "score-additive",
+    "score-contrastive",
+    "score-reference",
+)
 PARTS = (
     "generate",
     "summarize",
@@ -103,9 +115,12 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
             cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
     if arm.startswith("grpo"):
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
-    if arm.startswith("score-"):  # GRPO's rows, every one scored by the start model under its gold answer
+    if arm in ("score-additive", "score-contrastive"):  # GRPO's rows, every one scored under its gold answer
         cli += ["--feedback_route", "score", "--feedback_source", "gold", "--summaries_per_group", "0"]
         cli += ["--score_rows", "all", "--score_form", arm.removeprefix("score-")]
+    if arm == "score-reference":  # verdict-score.yaml's arm: half a solution, the failed rows only
+        cli += ["--feedback_route", "score", "--feedback_source", "reference", "--hint_level", "2"]
+        cli += ["--summaries_per_group", "0"]
     if arm == "unsolved":
         cli += ["--feedback_trigger", "unsolved"]
     if arm == "lanpo-ahead":
