@@ -401,7 +401,7 @@ def test_the_gates_auroc_counts_pairs_and_ties_and_within_groups_only_pairs_of_o
     assert auroc(scores, labels) == 0.25 and auroc_within(scores, labels, groups) == (0.0, 2)
 
 
-def test_the_gate_reads_every_rollout_under_each_context_and_its_control(tiny_model_dir):
+def test_the_gate_reads_every_rollout_under_each_context_and_its_control(tiny_model_dir, capsys):
     from lanpo.data.loaders import builtin_arith
     from lanpo.engine.generation import generate
     from lanpo.engine.models import load_model
@@ -418,3 +418,6 @@ def test_the_gate_reads_every_rollout_under_each_context_and_its_control(tiny_mo
     assert [r.name for r in results] == ["gold", "gold control", "reference", "reference control"]
     assert results[0].rollouts == 6 and all(len(r.answer_mask) == len(r.token_ids) for r in rollouts)
     assert "| gold control |" in markdown(results, rollouts)
+    shown = capsys.readouterr().err  # each reading pass shows its progress: a long gate is never silent
+    for name in ("plain", "gold", "gold control", "reference", "reference control"):
+        assert f"gate: reading {name}: 100%" in shown

@@ -79,14 +79,23 @@ def auroc_within(scores: Sequence[float], labels: Sequence[bool], groups: Sequen
 
 
 def completion_logps(
-    model, prompts: list[list[int]], completions: list[Sequence[int]], pad_id: int, temperature: float, batch_size: int
+    model,
+    prompts: list[list[int]],
+    completions: list[Sequence[int]],
+    pad_id: int,
+    temperature: float,
+    batch_size: int,
+    progress: str | None = None,
 ) -> list[torch.Tensor]:
     """Per row, log π(y_t | prompt, y<t) of each completion token (logits / temperature, as training scores them),
-    rows batched by length (left-padded prompts, right-padded completions)."""
+    rows batched by length (left-padded prompts, right-padded completions). ``progress`` names a bar over the rows."""
+    from tqdm.auto import tqdm
+
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: -(len(prompts[i]) + len(completions[i])))
     out: list[torch.Tensor | None] = [None] * len(prompts)
-    with torch.no_grad():
+    bar = tqdm(total=len(order), desc=progress, unit="row", disable=progress is None)
+    with torch.no_grad(), bar:
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             ids, mask = left_pad([prompts[i] for i in rows], pad_id, device)
@@ -105,11 +114,18 @@ def completion_logps(
             logps = torch.log_softmax(logits, -1).gather(-1, comp[..., None]).squeeze(-1)
             for r, i in enumerate(rows):
                 out[i] = logps[r, : len(completions[i])].cpu()
+            bar.update(len(rows))
     return out  # type: ignore[return-value]
 
 
 def score_under(
-    model, tokenizer, rollouts: list[Rollout], contexts: list[Messages | None], plain: list[torch.Tensor], settings
+    model,
+    tokenizer,
+    rollouts: list[Rollout],
+    contexts: list[Messages | None],
+    plain: list[torch.Tensor],
+    settings,
+    progress: str | None = None,
 ) -> tuple[list[int], list[torch.Tensor]]:
     """Δ per token for the rollouts that have a context: (their indices, Δ = log π(y|c,x) − log π(y|x))."""
     picked = [i for i, c in enumerate(contexts) if c is not None and rollouts[i].token_ids]
@@ -120,6 +136,7 @@ def score_under(
         tokenizer.pad_token_id,
         settings.temperature,
         settings.batch_size,
+        progress,
     )
     return picked, [t - plain[i] for i, t in zip(picked, teacher)]
 
@@ -221,6 +238,7 @@ def run_gate(model, tokenizer, problems, verifier, sources: Sequence[str], setti
         tokenizer.pad_token_id,
         settings.temperature,
         settings.batch_size,
+        "gate: reading plain",
     )
     plain_seconds = time.perf_counter() - start
     seen = [
@@ -251,7 +269,7 @@ def run_gate(model, tokenizer, problems, verifier, sources: Sequence[str], setti
             (f"{source} control", [c.wrong[0] if c else None for c in contexts]),
         ):
             start = time.perf_counter()
-            picked, deltas = score_under(model, tokenizer, rollouts, chosen, plain, settings)
+            picked, deltas = score_under(model, tokenizer, rollouts, chosen, plain, settings, f"gate: reading {name}")
             results.append(summarize(name, rollouts, picked, deltas, time.perf_counter() - start))
     return rollouts, results, {"sampling": sampling_seconds, "plain_scoring": plain_seconds}
 
