@@ -95,6 +95,21 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+SCORE_GRID = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "configs", "experiments", "verdict-score.yaml"
+)
+
+
+def grid_arm(path: str, arm: str) -> list[str]:
+    """An arm's overrides in a grid file as ``lanpo train`` flags, so the benchmark times the arm the grid runs."""
+    from lanpo.experiments.grid import load_grid
+
+    flags = []
+    for key, value in load_grid(path).arms[arm].items():
+        flags += [f"--{key}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return flags
+
+
 def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") -> list[str]:
     cli = ["--output_dir", out, "--max_steps", str(steps), "--disable_tqdm", "true", "--logging_steps", "1"]
     if device == "cuda":
@@ -118,9 +133,8 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
     if arm in ("score-additive", "score-contrastive"):  # GRPO's rows, every one scored under its gold answer
         cli += ["--feedback_route", "score", "--feedback_source", "gold", "--summaries_per_group", "0"]
         cli += ["--score_rows", "all", "--score_form", arm.removeprefix("score-")]
-    if arm == "score-reference":  # verdict-score.yaml's arm: half a solution, the failed rows only
-        cli += ["--feedback_route", "score", "--feedback_source", "reference", "--hint_level", "2"]
-        cli += ["--summaries_per_group", "0"]
+    if arm == "score-reference":  # verdict-score.yaml's arm, read from it: half a solution, the failed rows only
+        cli += grid_arm(SCORE_GRID, arm)
     if arm == "unsolved":
         cli += ["--feedback_trigger", "unsolved"]
     if arm == "lanpo-ahead":
