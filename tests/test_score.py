@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -244,6 +245,7 @@ def test_scoring_with_lambda_zero_is_exactly_grpo(tiny_model_dir, tmp_path):
 FORMS = {
     "additive-gold-initial": dict(feedback_source="gold"),
     "contrastive-reference": dict(feedback_source="reference", score_form="contrastive", hint_level=1),
+    "additive-reference-control": dict(feedback_source="reference", score_context="control", hint_level=2),
     "additive-sibling-live": dict(feedback_source="sibling", score_teacher="live"),
     "additive-gold-ema-beta0": dict(feedback_source="gold", score_teacher="ema", beta=0.0, score_ema_rate=0.5),
 }
@@ -338,6 +340,32 @@ def test_the_control_reads_each_row_under_another_problems_context_in_the_same_t
         assert f"the ground truth is {other}." in control[i].right[-1]["content"]
         swapped = control[i].right[-1]["content"].replace(f"is {other}.", f"is {own}.")
         assert swapped == right[i].right[-1]["content"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    groups=st.integers(1, 4),
+    g=st.integers(1, 4),
+    source=st.sampled_from(["gold", "reference", "sibling"]),
+    form=st.sampled_from(["additive", "contrastive"]),
+    control=st.booleans(),
+    wrong=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_a_row_has_exactly_the_wrong_contexts_its_form_reads(groups, g, source, form, control, wrong, seed):
+    """The teacher allocates ``wrong`` slots a row under the contrastive form and none under the additive one (the
+    additive control reads one context a row, as the arm it controls does): every row's contexts fit."""
+    rng = random.Random(seed)
+    problems = [(f"{a} + {a}?", str(2 * a), f"{a} + {a} = {2 * a}") for a in range(1, groups + 1)]
+    rows = rows_of(problems, g, [rng.random() < 0.5 for _ in range(groups * g)])
+    chosen = scoring(source=source, form=form, control=control, wrong=wrong, rows="all")
+    for context in score.teacher_contexts(rows, g, chosen):
+        if context is None:
+            continue
+        if form == "additive":
+            assert context.wrong == ()
+        else:
+            assert 1 <= len(context.wrong) <= wrong
 
 
 def test_a_teacher_prompt_ends_like_the_plain_prompt_so_the_first_completion_token_sits_alike(tiny_model_dir):

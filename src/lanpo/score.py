@@ -127,9 +127,9 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
             out.append(None)
             continue
         right = context_messages(scoring.source, row.problem, shown[i])
-        if scoring.control:  # the control reads the row under a wrong context (and contrasts it with the right one)
+        if scoring.control:  # the control reads the row under a wrong context (contrastive: against the right one)
             right, wrong = wrong[0], [right, *wrong[1:]]
-        out.append(TeacherContext(right, tuple(wrong)))
+        out.append(TeacherContext(right, tuple(wrong) if scoring.contrastive else ()))  # additive reads ``right`` only
     return out
 
 
