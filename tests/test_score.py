@@ -352,7 +352,7 @@ def test_the_control_reads_each_row_under_another_problems_context_in_the_same_t
     wrong=st.integers(1, 3),
     seed=st.integers(0, 2**16),
 )
-def test_a_row_has_exactly_the_wrong_contexts_its_form_reads(groups, g, source, form, control, wrong, seed):
+def test_a_rows_wrong_contexts_fit_what_its_form_reads(groups, g, source, form, control, wrong, seed):
     """The teacher allocates ``wrong`` slots a row under the contrastive form and none under the additive one (the
     additive control reads one context a row, as the arm it controls does): every row's contexts fit."""
     rng = random.Random(seed)
