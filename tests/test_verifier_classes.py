@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lanpo.verify.answers import extract_answer, names_several_values
+from lanpo.verify.answers import extract_answer, find_answer, gold_answer, names_several_values, read_alike
 from lanpo.verify.numerals import numbers_match, to_number
 from lanpo.verify.rewards import MathVerifier
 
@@ -252,6 +252,64 @@ def test_arbitrary_text_never_crashes_and_never_earns_an_absent_answer(lenient, 
     assert time.perf_counter() - start < LIMIT + 0.5
     assert score == 0.0 or gold in completion.translate({0xFF10 + i: str(i) for i in range(10)})
     extract_answer(completion, "strict")
+
+
+BOX_PIECES = [
+    "\\boxed{",
+    "\\fbox{",
+    "\\boxed ",
+    "{",
+    "}",
+    "}",
+    "",
+    " ",
+    "3",
+    "12",
+    "-1",
+    "x = 2",
+    "\\frac{1}{2}",
+    ", ",
+    " and ",
+    " or ",
+    "; ",
+    "\\quad",
+    "\\text{ and }",
+    "The answer is ",
+    " no wait ",
+    "\n",
+    "$",
+    "\\pm",
+    "####",
+]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pieces=st.lists(st.sampled_from(BOX_PIECES), max_size=24), gold=st.sampled_from(["3", "2, 3", "x = 2"]))
+def test_texts_made_of_boxes_never_crash_any_reader(lenient, pieces, gold):
+    """The class behind the crash a grid evaluation met (``empty separator`` in the rule that reads several boxes
+    as one list: a box with nothing in it beside another box): texts made of boxes, empty and nested and unclosed, with
+    separators and prose between, go through every reader of model text (both extractions, the reader of a
+    stated answer, the gold's reader, the rule that brings both sides to one form, and the reward itself)
+    without an exception, as answers or as golds."""
+    text = "".join(pieces)
+    for mode in ("strict", "lenient"):
+        extract_answer(text, mode)
+        find_answer(text, mode, "What is 1 + 2?")
+    gold_answer(text)
+    read_alike(gold, text)
+    read_alike(text, gold)
+    [score] = lenient.score_texts([gold], [text])
+    assert score in (0.0, 1.0)
+    assert lenient.score_texts([text], [gold]) in ([0.0], [1.0])
+
+
+def test_an_empty_box_states_nothing_and_the_other_box_is_the_answer(strict):
+    """``\\boxed{}`` beside a box was an ``empty separator`` crash; now it is read as no box at all."""
+    for text in ("\\boxed{} and \\boxed{3}", "\\boxed{ }, \\boxed{3}", "so \\boxed{3}. \\boxed{}"):
+        assert gold_answer(text) == "3"
+        assert strict.score_texts(["3"], [text]) == [1.0]
+        assert strict.score_texts([text], ["\\boxed{3}"]) == [1.0]
+    assert strict.score_texts(["3"], ["\\boxed{} + \\boxed{}"]) == [0.0]
 
 
 @settings(max_examples=100, deadline=None)

@@ -22,6 +22,7 @@ hedge), and :func:`names_several_values` rejects a final answer that names more 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 from lanpo.verify.numerals import clean, evaluate, numbers_match, to_number, word_number, written_numbers
 
@@ -61,34 +62,43 @@ _BOX_TOKEN = re.compile(r"[^\s${},;]+")
 
 def boxed_answers(text: str) -> list[str]:
     """Contents of every ``\\boxed{...}`` / ``\\fbox{...}`` (and ``\\boxed 5``), in order of their end; one pass."""
-    return _boxes(text)[0]
+    return [box.content for box in _boxes(text)[0]]
 
 
-def _boxes(text: str) -> tuple[list[str], bool]:
-    """``(contents of closed boxes, whether a box opened after the last closed one is still open)``."""
-    found: list[tuple[int, str]] = []
-    stack: list[tuple[bool, int]] = []
-    expect_box = -1
+class _Box(NamedTuple):
+    """One box of a text: where it starts (its ``\\boxed``) and ends (after its closing brace), and what it holds."""
+
+    start: int
+    end: int
+    content: str
+
+
+def _boxes(text: str) -> tuple[list[_Box], bool]:
+    """``(closed boxes in order of their end, whether a box opened after the last closed one is still open)``."""
+    found: list[_Box] = []
+    stack: list[tuple[int, int]] = []  # per open brace: where its box starts (-1: not a box's brace), content start
+    expect_box, box_start = -1, -1
     for match in _BOX_OR_BRACE.finditer(text):
         token = match.group(0)
         start = match.start()
         if token[0] == "\\":
             end = match.end()
             if end < len(text) and text[end] == "{":
-                expect_box = end
+                expect_box, box_start = end, start
             else:
                 word = _BOX_TOKEN.match(text, end)
                 if word:
-                    found.append((end, word.group(0).rstrip(".")))
+                    found.append(_Box(start, word.end(), word.group(0).rstrip(".")))
         elif token == "{":
-            stack.append((start == expect_box, start + 1))
+            stack.append((box_start if start == expect_box else -1, start + 1))
         elif stack:
-            is_box, opened = stack.pop()
-            if is_box:
-                found.append((start, text[opened:start].strip()))
-    last_end = max((end for end, _ in found), default=-1)
-    unclosed = any(is_box and opened > last_end for is_box, opened in stack)
-    return [content for _, content in sorted(found)], unclosed
+            opened_at, opened = stack.pop()
+            if opened_at >= 0:
+                found.append(_Box(opened_at, start + 1, text[opened:start].strip()))
+    found.sort(key=lambda box: box.end)
+    last_end = max((box.end - 1 for box in found), default=-1)
+    unclosed = any(opened_at >= 0 and opened > last_end for opened_at, opened in stack)
+    return found, unclosed
 
 
 def last_boxed(text: str) -> str | None:
@@ -171,8 +181,8 @@ def find_answer(text: str, mode: str = "lenient", problem: str | None = None) ->
     if not isinstance(text, str):
         return None, "no_answer"
     text = clean(text)
-    boxes, unclosed = _boxes(text)
-    boxes = [b for b in boxes if b]
+    found, unclosed = _boxes(text)
+    boxes = [box.content for box in found if box.content]
     if unclosed:  # cut off while writing its answer (\boxed{12 on the way to 123): no answer
         return None, "no_answer"
     if boxes:
@@ -351,15 +361,12 @@ _TEXT_COMMAND = re.compile(r"\\(?:text|mathrm|q?quad)")
 _PLUS_MINUS = re.compile(r"\\pm(?![A-Za-z])")
 
 
-def _boxes_list(text: str, boxes: list[str]) -> bool:
-    r"""Whether several boxes of ``text`` are one list answer: nothing but separators stands between and around
-    them (``\boxed{1}, \boxed{2}``, ``\boxed{a} \quad \text{and} \quad \boxed{b}``); prose between them
-    (``\boxed{1} no no \boxed{2}``) makes the last box the answer, as Math-Verify reads it."""
-    segments, rest = [], text
-    for box in boxes:
-        head, _, rest = rest.partition(box)
-        segments.append(head)
-    between = [_BOX_OR_BRACE.sub(" ", segment) for segment in segments[1:]]
+def _boxes_list(text: str, boxes: list[_Box]) -> bool:
+    r"""Whether several boxes of ``text`` are one list answer: nothing but separators stands between them
+    (``\boxed{1}, \boxed{2}``, ``\boxed{a} \quad \text{and} \quad \boxed{b}``); prose between them
+    (``\boxed{1} no no \boxed{2}``) makes the last box the answer, as Math-Verify reads it. The gaps are read by
+    position, so a box's content written elsewhere in the text (or an empty box) cannot move them."""
+    between = [_BOX_OR_BRACE.sub(" ", text[left.end : right.start]) for left, right in zip(boxes, boxes[1:])]
     # each gap a separator (units beside it allowed: "\boxed{1} papers and \boxed{2}"), or no words at all
     return all(
         _SEPARATOR_WORD.search(gap) or not re.search(r"[A-Za-z]{2,}", _TEXT_COMMAND.sub("", gap)) for gap in between
@@ -368,11 +375,12 @@ def _boxes_list(text: str, boxes: list[str]) -> bool:
 
 def _stated_boxes(text: str) -> tuple[str, bool]:
     """``(what the boxes of text state, whether several boxes make one list)``: their contents joined when they
-    are one list, else the last box; text without a box as it is."""
-    boxes = boxed_answers(text)
+    are one list, else the last box; text without a box as it is. An empty box states nothing (as in
+    :func:`find_answer`)."""
+    boxes = [box for box in _boxes(text)[0] if box.content]
     if len(boxes) > 1 and _boxes_list(text, boxes):
-        return ", ".join(boxes), True
-    return (boxes[-1] if boxes else text), False
+        return ", ".join(box.content for box in boxes), True
+    return (boxes[-1].content if boxes else text), False
 
 
 def _unwrap(text: str) -> str:
