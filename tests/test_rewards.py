@@ -135,3 +135,32 @@ def test_worker_start_up_never_counts_against_the_time_limit():
     with MathVerifier(time_limit=0.5, workers=1, start_method="spawn") as v:
         assert v.score(["18", "\\frac{1}{2}"], ["18.0", "0.5"]) == [1.0, 1.0]
         assert v.stats["timeouts"] == 0
+
+
+@pytest.mark.parametrize("reader", ["find_answer", "read_alike"])
+def test_a_reader_that_fails_costs_its_answer_never_the_batch(monkeypatch, caplog, reader):
+    """Whatever bug one of lanpo's own answer readers has next (an evaluation once died of ``empty separator``
+    72 minutes into a run), it scores that output 0, counts it, warns once with the text, and the others in the
+    batch are scored as before."""
+    import lanpo.verify.rewards as rewards
+
+    real = getattr(rewards, reader)
+
+    def failing(*args, **kwargs):
+        if any("poison" in str(a) for a in args):
+            raise ValueError("empty separator")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rewards, reader, failing)
+    with MathVerifier(time_limit=2.0, extraction="lenient") as v, caplog.at_level("WARNING", logger=rewards.__name__):
+        golds = ["7", "7", "7"]
+        texts = ["so \\boxed{7}", "poison \\boxed{7} poison", "so \\boxed{8}"]
+        if reader == "read_alike":
+            assert v.score(golds, ["7", "7 poison", "8"]) == [1.0, 0.0, 0.0]
+            assert v.score(golds, ["7 poison", "7", "7 poison"]) == [0.0, 1.0, 0.0]
+        else:
+            assert v.score_texts(golds, texts) == [1.0, 0.0, 0.0]
+            assert v.score_texts(golds, [texts[1], texts[0], texts[1]]) == [0.0, 1.0, 0.0]
+        assert v.stats["unreadable:ValueError"] == 3
+    warnings = [r for r in caplog.records if "answer reader failed" in r.getMessage()]
+    assert len(warnings) == 1 and "poison" in warnings[0].getMessage()

@@ -214,8 +214,13 @@ class MathVerifier:
             if len(pred) > MAX_ANSWER_CHARS:
                 self.stats["too_long"] += 1
                 continue
-            gold, pred = read_alike(gold, pred)  # lists, labels, ±, intervals: one rule for either side
-            if pred is None or names_several_values(pred, gold):
+            try:
+                gold, pred = read_alike(gold, pred)  # lists, labels, ±, intervals: one rule for either side
+                several = pred is not None and names_several_values(pred, gold)
+            except Exception as error:  # noqa: BLE001 - a reader's bug costs this answer, never the run
+                self._unreadable(error, pred)
+                continue
+            if pred is None or several:
                 self.stats["hedged"] += 1
             elif (same := numbers_match(gold, pred)) is not None:
                 scores[i] = float(same)
@@ -240,14 +245,32 @@ class MathVerifier:
         problems = problems if problems is not None else [None] * len(texts)
         answers = []
         for text, gold, problem in zip(texts, golds, problems):
-            answer, why = find_answer(text, self.extraction, problem)
-            if why == "hedged" and isinstance(text, str):  # several boxes: one answer where they list the gold's
-                answer = boxes_as_list(text, str(gold))
-                why = "" if answer is not None else why
+            try:
+                answer, why = find_answer(text, self.extraction, problem)
+                if why == "hedged" and isinstance(text, str):  # several boxes: one answer where they list the gold's
+                    answer = boxes_as_list(text, str(gold))
+                    why = "" if answer is not None else why
+            except Exception as error:  # noqa: BLE001 - a reader's bug costs this output, never the run
+                self._unreadable(error, text)
+                answer, why = None, "unreadable"
             if why == "hedged":
                 self.stats["hedged"] += 1
             answers.append(answer)
         return self.score(golds, answers)
+
+    def _unreadable(self, error: Exception, text: object) -> None:
+        """Count (``unreadable``) a model output or answer that one of lanpo's own readers failed on: it scores
+        0 and the run goes on; the first of each kind is logged with the text, so the reader can be mended."""
+        key = f"unreadable:{type(error).__name__}"
+        if not self.stats[key]:
+            logger.warning(
+                "an answer reader failed (%s: %s) on %r; scored 0 and counted as %s",
+                type(error).__name__,
+                error,
+                str(text)[:300],
+                key,
+            )
+        self.stats[key] += 1
 
     def close(self) -> None:
         with self._lock:
