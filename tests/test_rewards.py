@@ -162,5 +162,9 @@ def test_a_reader_that_fails_costs_its_answer_never_the_batch(monkeypatch, caplo
             assert v.score_texts(golds, texts) == [1.0, 0.0, 0.0]
             assert v.score_texts(golds, [texts[1], texts[0], texts[1]]) == [0.0, 1.0, 0.0]
         assert v.stats["unreadable:ValueError"] == 3
+        logged = {}
+        reward = make_accuracy_reward(v)(texts, answer=golds, log_metric=logged.__setitem__)
+        assert reward == ([1.0, 0.0, 0.0] if reader == "find_answer" else [1.0, 1.0, 0.0])
+        assert logged["verifier/unreadable"] == (1.0 if reader == "find_answer" else 0.0)
     warnings = [r for r in caplog.records if "answer reader failed" in r.getMessage()]
     assert len(warnings) == 1 and "poison" in warnings[0].getMessage()

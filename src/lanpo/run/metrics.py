@@ -72,6 +72,8 @@ METRICS: dict[str, str] = {
     "verifier/no_answer_rate": "share of completions with no final answer",
     "verifier/hedged_rate": "share of completions that state several values (scored 0)",
     "verifier/timeouts": "answers whose verification ran past the time limit (scored 0)",
+    "verifier/unreadable": "outputs one of lanpo's answer readers failed on (scored 0; the first of each error is "
+    "logged with its text)",
     "code/<outcome>": "code problems: sandboxed runs this step that passed, failed, error (no such function, does "
     "not compile), timeout, crashed (a limit or a signal killed it, or it exited before its report), forged (a "
     "report that was not the runner's), no_code (nothing to extract)",

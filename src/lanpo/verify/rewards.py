@@ -397,6 +397,7 @@ def make_accuracy_reward(verifier: Verifier | MathVerifier | None = None):
             log_metric("verifier/no_answer_rate", delta["no_answer"] / len(completions))
             log_metric("verifier/hedged_rate", delta["hedged"] / len(completions))
             log_metric("verifier/timeouts", float(delta["timeouts"]))
+            log_metric("verifier/unreadable", float(sum(n for k, n in delta.items() if k.startswith("unreadable:"))))
             if "code/executions" in delta:  # code problems (lanpo.verify.code.Verifier): each outcome, counted
                 for outcome in OUTCOMES:
                     log_metric(f"code/{outcome}", float(delta[f"code/{outcome}"]))
