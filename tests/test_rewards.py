@@ -168,3 +168,26 @@ def test_a_reader_that_fails_costs_its_answer_never_the_batch(monkeypatch, caplo
         assert logged["verifier/unreadable"] == (1.0 if reader == "find_answer" else 0.0)
     warnings = [r for r in caplog.records if "answer reader failed" in r.getMessage()]
     assert len(warnings) == 1 and "poison" in warnings[0].getMessage()
+
+
+def test_find_answer_reads_a_reader_bug_as_unreadable_and_logs_it_once(monkeypatch, caplog):
+    """The teacher, the pool's summaries, the gate and evaluations call ``find_answer`` on model text too: a bug
+    below it gives ``(None, "unreadable")`` and one warning per kind of error, and the reward counts it."""
+    import lanpo.verify.answers as answers
+
+    def broken(text, mode, problem):
+        if "poison" in text:
+            raise IndexError("a reader bug")
+        return "7", ""
+
+    monkeypatch.setattr(answers, "_find_answer", broken)
+    monkeypatch.setattr(answers, "_UNREADABLE_SEEN", set())
+    with caplog.at_level("WARNING", logger=answers.__name__):
+        assert answers.find_answer("poison 1", "lenient") == (None, "unreadable")
+        assert answers.find_answer("poison 2", "strict") == (None, "unreadable")
+        assert answers.find_answer("fine", "strict") == ("7", "")
+        assert extract_answer("poison", "lenient") is None
+    assert [r.getMessage().count("poison 1") for r in caplog.records if "reader failed" in r.getMessage()] == [1]
+    with MathVerifier(time_limit=2.0, extraction="lenient") as v:
+        assert v.score_texts(["7", "7"], ["poison", "fine"]) == [0.0, 1.0]
+        assert v.stats["unreadable:find_answer"] == 1

@@ -21,10 +21,13 @@ hedge), and :func:`names_several_values` rejects a final answer that names more 
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import NamedTuple
 
 from lanpo.verify.numerals import clean, evaluate, numbers_match, to_number, word_number, written_numbers
+
+logger = logging.getLogger(__name__)
 
 EXTRACTION_MODES = ("strict", "lenient")
 _ALIASES = {"boxed": "strict"}  # the name of `strict` before 0.2
@@ -176,8 +179,25 @@ def extraction_mode(name: str) -> str:
 
 
 def find_answer(text: str, mode: str = "lenient", problem: str | None = None) -> tuple[str | None, str]:
-    """``(answer, why_none)``: the final answer of ``text``; when ``None``, why: ``no_answer`` or ``hedged``."""
+    """``(answer, why_none)``: the final answer of ``text``; when ``None``, why: ``no_answer``, ``hedged``, or
+    ``unreadable`` where a bug of these readers raised on the text (logged once per kind of error with the text:
+    model output is read mid-run, by the reward, the teacher and the pool, and a reader's bug must cost one
+    answer, never the run)."""
     mode = extraction_mode(mode)
+    try:
+        return _find_answer(text, mode, problem)
+    except Exception as error:  # noqa: BLE001 - any reader bug; the tests assert it never happens
+        kind = type(error).__name__
+        if kind not in _UNREADABLE_SEEN:
+            _UNREADABLE_SEEN.add(kind)
+            logger.warning("the answer reader failed (%s: %s) on %r: read as no answer", kind, error, str(text)[:300])
+        return None, "unreadable"
+
+
+_UNREADABLE_SEEN: set[str] = set()  # the kinds of reader error already logged in this process
+
+
+def _find_answer(text: str, mode: str, problem: str | None) -> tuple[str | None, str]:
     if not isinstance(text, str):
         return None, "no_answer"
     text = clean(text)

@@ -252,7 +252,9 @@ class MathVerifier:
                     why = "" if answer is not None else why
             except Exception as error:  # noqa: BLE001 - a reader's bug costs this output, never the run
                 self._unreadable(error, text)
-                answer, why = None, "unreadable"
+                answer, why = None, ""
+            if why == "unreadable":  # find_answer's own guard caught a reader's bug (and logged it)
+                self.stats["unreadable:find_answer"] += 1
             if why == "hedged":
                 self.stats["hedged"] += 1
             answers.append(answer)
