@@ -420,3 +420,102 @@ def test_code_partial_credit_on_data_without_code_is_warned_about_before_a_model
     code = main(["train", "--data", "builtin:arith?n=8", "--code_partial_credit", "true", "--output_dir", "r"])
     assert "code_partial_credit does nothing here" in caplog.text
     assert code == 2  # the fixture refuses the model load that follows: the warning came before it
+
+
+# -- round six: floats that train nothing finite, batches that cannot fill, refusals that leave nothing (93) --
+
+
+def test_the_float_fields_are_found():
+    from lanpo.config import LanpoConfig, float_fields
+
+    found = set(float_fields(LanpoConfig(output_dir="x", use_cpu=True, bf16=False)))
+    assert {"score_coef", "score_clip", "learning_rate", "min_p", "reward_weights", "warmup_steps"} <= found
+
+
+def _all_float_fields():
+    from lanpo.config import LanpoConfig, float_fields
+
+    return sorted(float_fields(LanpoConfig(output_dir="x", use_cpu=True, bf16=False)))
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), 1e300, -1e300, -1.0])
+@pytest.mark.parametrize("name", _all_float_fields())
+def test_every_float_field_refuses_what_trains_nothing_finite(tmp_path, name, value):
+    from lanpo.config import LanpoConfig
+
+    if name == "reward_weights" and value == -1.0:
+        pytest.skip("a negative reward weight penalizes that reward: meaningful")
+    given = [value] if name == "reward_weights" else value
+    with pytest.raises(ValueError, match=name):
+        LanpoConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **{name: given})
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--score_coef", "1e300"],
+        ["--score_coef", "-inf"],
+        ["--score_clip", "-1e300"],
+        ["--learning_rate", "1e300"],
+        ["--temperature", "-Infinity"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_float_flags_past_their_range_exit_2_naming_the_field_before_a_model_loads(workdir, capsys, argv):
+    before = sorted(p.relative_to(workdir) for p in workdir.rglob("*"))
+    code = main(["train", "--output_dir", "r", *argv])
+    text = "".join(capsys.readouterr())
+    assert code == 2 and argv[0][2:] in text and "expected one argument" not in text, text[-2000:]
+    assert "a model was loaded" not in text
+    assert sorted(p.relative_to(workdir) for p in workdir.rglob("*")) == before
+
+
+def test_training_that_cannot_fill_one_batch_is_refused_naming_the_numbers(workdir, capsys):
+    argv = ["train", "--data", "builtin:arith?n=1", "--per_device_train_batch_size", "16", "--output_dir", "r"]
+    code = main(argv)
+    text = "".join(capsys.readouterr())
+    assert code == 2 and "1 training problem(s) cannot fill one batch" in text and "takes 2 distinct" in text, text
+    assert "a model was loaded" not in text and not (workdir / "r").exists()
+
+
+def test_a_run_that_ends_short_of_its_steps_says_so(caplog):
+    from lanpo.commands.train import say_missing_steps
+
+    say_missing_steps(30, 30)
+    assert "optimizer steps" not in caplog.text
+    say_missing_steps(0, 30)
+    assert "Trained 0 of the 30 optimizer steps asked for" in caplog.text
+
+
+@pytest.mark.parametrize("refusal", ["a model that is not there", "a pool that will not open"])
+def test_a_refused_run_leaves_no_lock_file_and_no_folder_it_made(tmp_path, monkeypatch, capsys, refusal):
+    import lanpo.trainer
+
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--output_dir", "deep/er/run", "--max_steps", "1"]
+    if refusal == "a model that is not there":
+        argv += ["--model", str(tmp_path / "no-such-model")]
+    else:  # the trainer opens the run's pool: a corrupt one raises there, as sqlite3 does
+
+        def corrupt(*args, **kwargs):
+            raise sqlite3.DatabaseError("file is not a database")
+
+        monkeypatch.setattr(lanpo.trainer, "LanpoTrainer", corrupt)
+        monkeypatch.setattr("lanpo.engine.models.resolve_model_path", lambda name: name)
+        monkeypatch.setattr("lanpo.engine.models.load_tokenizer", lambda name: None)
+    try:
+        code = main(argv)
+    except (sqlite3.DatabaseError, OSError):
+        code = 1
+    capsys.readouterr()
+    assert code != 0
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [], "a refused run left something behind"
+    (tmp_path / "kept").mkdir()  # a folder that was there before stays, and so does a lock that was
+    (tmp_path / "kept" / ".run.lock").write_text("pid 1\n")
+    argv[argv.index("deep/er/run")] = "kept/run"
+    try:
+        main(argv)
+    except (sqlite3.DatabaseError, OSError):
+        pass
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.rglob("*")) == [".run.lock", "kept"]

@@ -123,10 +123,14 @@ def test_local_code_files_load_and_bad_rows_are_counted(tmp_path):
     rows = [
         {
             "prompt": 'def double(x):\n    """Twice x."""\n',
-            "tests": "assert double(2) == 4",
+            "tests": "assert double(2) == 4\nassert double(3) == 6",
             "solution": "    return 2 * x\n",
         },
-        {"prompt": "def f(x):\n", "test": "def check(candidate):\n    assert candidate(1) == 1\n", "entry_point": "f"},
+        {
+            "prompt": "def f(x):\n",
+            "test": "def check(candidate):\n    assert candidate(1) == 1\n    assert candidate(2) == 3\n",
+            "entry_point": "f",
+        },
         {"prompt": "", "tests": "assert True"},
         {"prompt": "def g(x):\n"},
         "not an object",
@@ -601,7 +605,7 @@ def test_where_the_unprivileged_uid_cannot_sandbox_it_falls_back_and_says_so(mon
 
 
 def test_code_rows_with_the_same_id_keep_distinct_problem_ids(tmp_path):
-    row = {"id": "t1", "prompt": "def f(x):\n", "tests": "assert f(1) == 1"}
+    row = {"id": "t1", "prompt": "def f(x):\n", "tests": "assert f(1) == 2\nassert f(2) == 4"}
     path = tmp_path / "dupes.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in [row, row, {**row, "id": None}]) + "\n")
     ids = [p.id for p in load_problems(str(path))]
@@ -761,7 +765,11 @@ BAD_CODE_ROWS = {
 def test_code_rows_that_cannot_judge_anything_are_skipped_naming_the_row(tmp_path, caplog, kind):
     if kind.startswith("a reference") and shutil_which("bwrap") is None:
         pytest.skip("bubblewrap is not installed: reference solutions are not run at load")
-    good = {"prompt": 'def ok(x):\n    """x"""\n', "tests": "assert ok(1) == 1", "solution": "    return x\n"}
+    good = {
+        "prompt": 'def ok(x):\n    """x"""\n',
+        "tests": "assert ok(1) == 2\nassert ok(2) == 3",
+        "solution": "    return x + 1\n",
+    }
     bad, says = BAD_CODE_ROWS[kind]
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")

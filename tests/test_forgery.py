@@ -186,7 +186,10 @@ def test_rebinding_anything_the_runner_might_use_scores_zero(sandbox, target, fo
 
 
 def test_the_two_liner_scores_zero_on_builtin_code_humaneval_and_local_rows(tmp_path):
-    rows = [{"prompt": f'def f{i}(x):\n    """Twice x."""\n', "tests": f"assert f{i}(2) == 4\n"} for i in range(4)]
+    rows = [
+        {"prompt": f'def f{i}(x):\n    """Twice x."""\n', "tests": f"assert f{i}(2) == 4\nassert f{i}(5) == 10\n"}
+        for i in range(4)
+    ]
     path = tmp_path / "local.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     problems = (

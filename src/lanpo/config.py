@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import typing
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, NamedTuple, get_args
 
 from trl import GRPOConfig
 
@@ -546,6 +547,7 @@ class LanpoConfig(GRPOConfig):
             raise ValueError(f"beta (the KL coefficient) must be >= 0, got {self.beta}.")
         if self.max_steps == 0 or self.max_steps < -1:
             raise ValueError(f"max_steps must be -1 (use num_train_epochs) or >= 1, got {self.max_steps}.")
+        check_float_ranges(self)
 
     def _check_scoring(self) -> None:
         if self.feedback_route == "generate":
@@ -715,6 +717,91 @@ class LanpoConfig(GRPOConfig):
         if not self.hint_anneal_steps:
             return 1.0
         return max(0.0, 1.0 - step / self.hint_anneal_steps)
+
+
+class Range(NamedTuple):
+    """Where a float setting trains on something finite: ``low`` to ``high``, each end excluded where open."""
+
+    low: float
+    high: float
+    open_low: bool = False
+    open_high: bool = False
+
+    def holds(self, value: float) -> bool:
+        above = value > self.low if self.open_low else value >= self.low
+        below = value < self.high if self.open_high else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        return f"{'(' if self.open_low else '['}{self.low:g}, {self.high:g}{')' if self.open_high else ']'}"
+
+
+# Every float field of LanpoConfig (TRL's and transformers' included) has a range: past it a run trains on nothing
+# finite (a step size, a weight or a clip of 1e300 overflows fp32 within a step, or a schedule of 1e300 steps never
+# moves) or means nothing (a negative temperature). Fields not named here get DEFAULT_RANGE.
+DEFAULT_RANGE = Range(0.0, 1e6)
+FLOAT_RANGES: dict[str, Range] = {
+    # LANPO's own
+    "feedback_ratio": Range(0.0, 1.0),
+    "reflection_share": Range(0.0, 1.0),
+    "relevance_threshold": Range(0.0, 1.0),
+    "feedback_trigger_pass_rate": Range(0.0, 1.0),
+    "score_coef": Range(0.0, 100.0),  # the teacher's signal past 100x the reward's advantage (about +-1) drowns it
+    "score_clip": Range(0.0, 50.0, open_low=True),  # a log-ratio of 50 is a probability ratio of 5e21
+    "score_ema_rate": Range(0.0, 1.0, open_low=True),
+    "strip_ratio_clip": Range(0.0, 1e3, open_low=True),
+    "shaping_gamma": Range(0.0, 100.0, open_low=True),
+    "verify_time_limit": Range(0.0, 3600.0, open_low=True),
+    "code_timeout": Range(0.0, 300.0, open_low=True),
+    # TRL's GRPOConfig and transformers' TrainingArguments
+    "learning_rate": Range(0.0, 1.0, open_low=True),
+    "num_train_epochs": Range(0.0, 1e6, open_low=True),
+    "warmup_steps": Range(0.0, 1e7),
+    "weight_decay": Range(0.0, 10.0),
+    "adam_beta1": Range(0.0, 1.0, open_high=True),
+    "adam_beta2": Range(0.0, 1.0, open_high=True),
+    "adam_epsilon": Range(0.0, 1.0, open_low=True),
+    "label_smoothing_factor": Range(0.0, 1.0, open_high=True),
+    "neftune_noise_alpha": Range(0.0, 1e3),
+    "temperature": Range(0.0, 100.0, open_low=True),
+    "top_p": Range(0.0, 1.0, open_low=True),
+    "min_p": Range(0.0, 1.0),
+    "repetition_penalty": Range(0.0, 100.0, open_low=True),
+    "vllm_gpu_memory_utilization": Range(0.0, 1.0, open_low=True),
+    "beta": Range(0.0, 1e3),
+    "epsilon": Range(0.0, 100.0),
+    "epsilon_high": Range(0.0, 100.0),
+    "delta": Range(0.0, 1e3),
+    "ref_model_mixup_alpha": Range(0.0, 1.0),
+    "top_entropy_quantile": Range(0.0, 1.0),
+    "entropy_coef": Range(0.0, 1e3),
+    "entropy_coef_min": Range(0.0, 1e3),
+    "entropy_coef_max": Range(0.0, 1e3),
+    "reward_weights": Range(-1e6, 1e6),  # a negative weight penalizes a reward: meaningful
+}
+
+
+def float_fields(settings) -> list[str]:
+    """The fields of a settings dataclass declared as floats (alone, optional or in a list)."""
+    hints = typing.get_type_hints(type(settings))
+    return [f.name for f in dataclasses.fields(settings) if "float" in str(hints.get(f.name, ""))]
+
+
+def check_float_ranges(settings) -> None:
+    """Every float field within its :data:`FLOAT_RANGES` range (refused by name, with the range, before a model
+    loads: a value past it trains nothing finite)."""
+    for name in float_fields(settings):
+        value = getattr(settings, name, None)
+        values = value if isinstance(value, list | tuple) else [value]
+        allowed = FLOAT_RANGES.get(name, DEFAULT_RANGE)
+        for item in values:
+            if isinstance(item, bool) or not isinstance(item, int | float):
+                continue
+            if not allowed.holds(item):
+                raise ValueError(
+                    f"{name} must be in {allowed}, got {value!r}: past that range a run trains on nothing finite "
+                    "or the setting means nothing."
+                )
 
 
 def check_whole_numbers(settings) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from pathlib import Path
 from types import UnionType as _UnionType
 
@@ -227,6 +228,22 @@ def check_value_types(values: dict, dataclass_types: tuple, where: str) -> None:
             )
 
 
+NEGATIVE_VALUE = re.compile(r"-(?:inf|nan|\d|\.\d)", re.IGNORECASE)  # -inf, -Infinity, -nan, -1e300, -.5
+
+
+def joined_negative_values(argv: list[str]) -> list[str]:
+    """``--flag -inf`` as ``--flag=-inf``: argparse takes a value that starts with a dash for the next option
+    unless it reads as a plain negative number, and would answer ``-inf`` or ``-1e300`` with "expected one
+    argument" instead of the field's own check."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and NEGATIVE_VALUE.match(arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     """TRL's parser over ``dataclass_types`` (``--config FILE.yaml`` plus flags), with ``defaults`` underneath.
 
@@ -252,6 +269,7 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
         if not isinstance(loaded, dict):
             raise ValueError(f"--config {path} must hold a mapping of field: value, not {type(loaded).__name__}.")
         check_value_types(loaded, dataclass_types, f"--config {path}")
+    argv = joined_negative_values(argv)
     parser = TrlParser(dataclass_types)
     defaults = dict(defaults)
     if torch.cuda.is_available():
@@ -262,9 +280,10 @@ def parse_command_line(dataclass_types: tuple, defaults: dict, argv: list[str]):
     if unknown:
         raise RuntimeError(f"lanpo's defaults name unknown fields: {unknown}")
     parsed = parser.parse_args_and_config(argv)
-    from lanpo.config import check_finite
+    from lanpo.config import check_finite, check_float_ranges
 
     for settings in parsed:
         if dataclasses.is_dataclass(settings):
             check_finite(settings)
+            check_float_ranges(settings)
     return parsed

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from lanpo import __version__
@@ -107,12 +108,12 @@ def _benchmarks() -> list[str]:
 def command(args) -> int:
     from lanpo.data.loaders import default_split, load_problems, split_specs
     from lanpo.engine.generation import is_vllm, load_for_generation
-    from lanpo.engine.models import check_model_name, size_cpu_threads
+    from lanpo.engine.models import check_model_name, size_cpu_threads, weights_on_disk
     from lanpo.eval.evaluate import PRIVILEGED_MODES, EvalSettings, evaluate, settings_dict, write_results
     from lanpo.plan import HINT_TOP
     from lanpo.pool.store import ExperiencePool
     from lanpo.run.files import check_writable
-    from lanpo.verify.code import CodeVerifier, code_settings
+    from lanpo.verify.code import CodeVerifier, code_settings, fit_code_workers
 
     modes = args.modes
     probe = [m for m in modes if m in PRIVILEGED_MODES]
@@ -154,6 +155,8 @@ def command(args) -> int:
         datasets[spec] = problems
     if any(p.gold_kind == "code" for problems in datasets.values() for p in problems):
         CodeVerifier(settings.code).close()  # no sandbox, no evaluation: said here, before the model loads
+        workers = fit_code_workers(settings.code.workers, weights_on_disk(model_path(args.model)), 1)
+        settings = replace(settings, code=replace(settings.code, workers=workers))
     model, tokenizer = load_for_generation(model_path(args.model), args.backend, args.dtype, args.device, args.seed)
     mode_kwargs = {}
     if "retrieval" in modes:

@@ -471,12 +471,26 @@ def run(argv: list[str]) -> Path:
 
     from lanpo.data.loaders import load_problems, to_prompt_dataset
     from lanpo.data.presets import training_split
-    from lanpo.engine.models import check_model_name, load_tokenizer, resolve_model_path, size_cpu_threads
+    from lanpo.engine.models import (
+        check_model_name,
+        load_tokenizer,
+        resolve_model_path,
+        size_cpu_threads,
+        weights_on_disk,
+    )
     from lanpo.eval.during_training import load_eval_problems
-    from lanpo.run.files import check_writable, die_with_parent, hold_run_lock
+    from lanpo.run.files import (
+        check_writable,
+        die_with_parent,
+        hold_run_lock,
+        lock_path,
+        missing_folders,
+        remove_made,
+    )
     from lanpo.run.final import model_card, push_final_model, save_final_model
     from lanpo.run.plots import plot_run
     from lanpo.trainer import LanpoTrainer
+    from lanpo.verify.code import fit_code_workers
 
     die_with_parent()  # a grid cell: never an orphan training beside the runner that replaces its dead one
     train_args, model_args, config = parse(argv)  # validation happens here, before any model loads
@@ -529,8 +543,12 @@ def run(argv: list[str]) -> Path:
     )
     preflight(config, problems)
     run_dir = Path(config.output_dir)
+    missing = missing_folders(run_dir)  # a run refused before it starts removes every folder and file it made
+    lock_file = lock_path(run_dir)
+    lock_was_there = lock_file.exists()
     # one trainer a run folder: a second process (an orphan of a killed grid runner, a second terminal) is refused
     lock = hold_run_lock(run_dir) if os.environ.get("RANK", "0") == "0" else None
+    started = False
     try:
         prepare_run_dir(run_dir, checkpoint is not None, train_args.overwrite)
         created = not run_dir.exists()
@@ -547,6 +565,10 @@ def run(argv: list[str]) -> Path:
         set_model_dtype(config, model_args)
         try:
             model_path = resolve_model_path(model_args.model_name_or_path)
+            if any(p.gold_kind == "code" for p in problems):  # the sandboxes' memory beside the model's, checked now
+                config.code_workers = fit_code_workers(
+                    config.code_workers, weights_on_disk(model_path), 5 if config.beta > 0 else 4
+                )
             trainer = LanpoTrainer(
                 model=model_path,
                 args=config,
@@ -559,6 +581,7 @@ def run(argv: list[str]) -> Path:
             if created:  # nothing of this run exists yet: leave nothing behind
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+        started = True
         if trainer.accelerator.is_main_process:
             name = "config.yaml" if checkpoint is None else "config.resumed.yaml"
             (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
@@ -570,6 +593,7 @@ def run(argv: list[str]) -> Path:
                 trainer.train(resume_from_checkpoint=checkpoint or config.resume_from_checkpoint)
             except KeyboardInterrupt:
                 raise KeyboardInterrupt(interrupted(run_dir, trainer.state.global_step)) from None
+            say_missing_steps(trainer.state.global_step, trainer.state.max_steps)
         final = save_final_model(trainer, run_dir)
         if trainer.accelerator.is_main_process:
             (final / "README.md").write_text(model_card(resolved, len(problems), trainer.state.global_step))
@@ -579,9 +603,25 @@ def run(argv: list[str]) -> Path:
                 push_final_model(final, config.hub_model_id or run_dir.name, config.hub_private_repo)
         trainer.verifier.close()
         return run_dir
+    except BaseException:
+        if not started and lock is not None:  # refused before the trainer existed: leave nothing behind
+            remove_made(missing, lock_file if not lock_was_there else None)
+        raise
     finally:
         if lock is not None:
             lock.close()
+
+
+def say_missing_steps(done: int, asked: int) -> None:
+    """A run that ended with fewer optimizer steps than it was asked for says so, with the numbers."""
+    if asked > 0 and done < asked:
+        logger.warning(
+            "Trained %d of the %d optimizer steps asked for: the run stopped early (fewer whole batches of problems "
+            "than steps, or a callback ended it). The final model is what those %d steps made.",
+            done,
+            asked,
+            done,
+        )
 
 
 def preflight(config, problems) -> None:
@@ -592,6 +632,15 @@ def preflight(config, problems) -> None:
     from lanpo.trainer import check_references
     from lanpo.verify.code import CodeVerifier, code_settings
 
+    prompts = config.generation_batch_size // config.num_generations  # distinct problems one generation batch holds
+    if len(problems) < prompts:
+        raise ValueError(
+            f"{len(problems)} training problem(s) cannot fill one batch: each generation takes {prompts} distinct "
+            f"problems (per_device_train_batch_size {config.per_device_train_batch_size} x steps_per_generation "
+            f"{config.steps_per_generation} x {config.world_size} process(es) = {config.generation_batch_size} rows, "
+            f"in groups of num_generations {config.num_generations}), so not one step would train. Add problems "
+            "(raise data_limit) or lower per_device_train_batch_size."
+        )
     if config.feedback_kind is not None:  # a self run reads no solutions: nothing to build or check
         check_references(config.feedback_kind, {p.id: reference_of(p) for p in problems})
     if any(p.gold_kind == "code" for p in problems):

@@ -7,6 +7,10 @@ trained on. Expected values come from running the reference solution here (lanpo
 
 Levels: 1 one expression of the arguments; 2 a filter or map over a list; 3 a loop with a condition; 4 string
 handling; 5 two steps.
+
+Every task's tests tell its reference solution from every constant function and from the identity of its first
+argument (:func:`trivial_passes`): where the drawn inputs cannot (every sum of the numbers above 9 is 0), inputs
+are drawn again, from a generator of that task's own, so the other tasks of a seed stay as they were.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lanpo.prompts import CODE_HEADER  # every code problem starts so (prompts.is_code_problem)
-from lanpo.verify.sandbox import CodeTests
+from lanpo.verify.sandbox import CodeTests, same_value
 
 
 @dataclass(frozen=True)
@@ -250,6 +254,21 @@ def _draw(kind: str, rng: random.Random) -> list:
 
 EDGE_CASES = {"int": [[0]], "int2": [[0, 0]], "list": [[[]]], "words": [[[]]], "text": [[""]], "sentence": [["a"]]}
 CASES = 6
+REDRAWS = 200  # draws of a task's inputs before its tests are called unable to judge (none needs more than a few)
+
+
+def trivial_passes(cases: list) -> str | None:
+    """What trivial function passes every case, if one does: a constant (every expected value is one value) or
+    the identity of the first argument (every expected value is it). None when the cases tell both from a
+    solution."""
+    if not cases:
+        return "no test at all"
+    expected = [value for _, value in cases]
+    if all(same_value(value, expected[0]) for value in expected):
+        return f"the constant {expected[0]!r}"
+    if all(args and same_value(args[0], value) for args, value in cases):
+        return "the identity of the first argument"
+    return None
 
 
 @dataclass(frozen=True)
@@ -287,6 +306,16 @@ def code_task(family_index: int, const, name: str, rng: random.Random) -> CodeTa
     function = _reference(name, solution)
     arguments = EDGE_CASES[family.args] + [_draw(family.args, rng) for _ in range(CASES - 1)]
     cases = [[args, function(*args)] for args in arguments]
+    for attempt in range(REDRAWS):  # inputs a trivial function passes cannot judge: drawn again, for this task only
+        if trivial_passes(cases) is None:
+            break
+        own = random.Random(f"lanpo-code-redraw-{family_index}-{const}-{name}-{attempt}")
+        arguments = EDGE_CASES[family.args] + [_draw(family.args, own) for _ in range(CASES - 1)]
+        cases = [[args, function(*args)] for args in arguments]
+    else:
+        raise RuntimeError(
+            f"builtin:code {name} ({family.doc}): {REDRAWS} draws of inputs, none tells it from a trivial function"
+        )
     text = code_problem_text(header)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     task = f"{family_index}:{const}"

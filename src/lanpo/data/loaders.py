@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -454,7 +455,7 @@ def code_rows_to_problems(
     whose gold is their test suite. A row that cannot judge anything is counted and skipped, naming the row: no
     prompt, tests or function name; tests that do not compile, never call the function or pass a size bound; an
     entry point the prompt does not define; with ``run_solutions``, a reference solution that fails its own tests
-    (run in the sandbox, when bubblewrap is here)."""
+    or tests a constant function or the identity passes (run in the sandbox, when bubblewrap is here)."""
     stats = stats if stats is not None else LoadStats()
     problems, seen_ids, rows_of = [], set(), {}
     for index, row in enumerate(rows):
@@ -496,35 +497,86 @@ def code_rows_to_problems(
         rows_of[pid] = index + 1
         stats.kept += 1
     if run_solutions:
-        failing = _failing_solutions([p for p in problems if p.solution])
-        for pid in failing:
-            stats.skip("its reference solution fails its own tests", rows_of[pid])
-        problems = [p for p in problems if p.id not in failing]
-        stats.kept -= len(failing)
+        unfit = _tests_that_cannot_judge(problems)
+        for pid, why in unfit.items():
+            stats.skip(why, rows_of[pid])
+        problems = [p for p in problems if p.id not in unfit]
+        stats.kept -= len(unfit)
     stats.warn(source)
     return problems
 
 
-def _failing_solutions(problems: list[Problem]) -> set[str]:
-    """Ids of the problems whose reference solution does not pass their tests in the sandbox (none checked, with a
-    warning, where there is no sandbox)."""
+# Functions no test suite may pass: each constant here, and the identity of the first argument.
+TRIVIAL_BODIES = {
+    **{f"the constant {value!r}": f"return {value!r}" for value in (None, True, False, 0, 1, "", [])},
+    "the identity of the first argument": "return args[0] if args else None",
+}
+
+
+MAX_EXPECTED_CONSTANTS = 8  # values a test program compares the function's results with, each tried as a constant
+
+
+def expected_constants(check: str) -> list:
+    """The literal values a test program compares a call's result with (``assert f(2) == 4``: 4), read from its
+    syntax, never run: each is tried as a constant function too (a suite of ``== 4`` lines is passed by one)."""
+    import ast
+
+    try:
+        tree = ast.parse(check)
+    except (SyntaxError, ValueError):
+        return []
+    found: list = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare) or len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq | ast.Is):
+            continue
+        for call, other in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
+            if isinstance(call, ast.Call):
+                try:
+                    value = ast.literal_eval(other)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    continue
+                if value not in found and len(repr(value)) < 1000:
+                    found.append(value)
+    return found[:MAX_EXPECTED_CONSTANTS]
+
+
+def _tests_that_cannot_judge(problems: list[Problem]) -> dict[str, str]:
+    """Problems whose tests cannot judge a solution, run in the sandbox, with why: a reference solution that
+    fails them, or a trivial function that passes them (:data:`TRIVIAL_BODIES`, and each value the tests compare
+    a result with as a constant). None checked, with a warning, where there is no sandbox."""
     if not problems:
-        return set()
+        return {}
     from lanpo.verify.code import CodeSettings, CodeVerifier
     from lanpo.verify.sandbox import SandboxUnavailable
 
     try:
-        verifier = CodeVerifier(CodeSettings(timeout=10.0))
+        verifier = CodeVerifier(CodeSettings(timeout=10.0, workers=max(2, min(8, os.cpu_count() or 2))))
     except SandboxUnavailable:
-        logger.warning("%d reference solutions not run against their tests: no sandbox here.", len(problems))
-        return set()
-    try:
-        scores = verifier.score_texts(
-            [p.answer for p in problems], [f"```python\n{p.solution}\n```" for p in problems]
-        )  # a CodeVerifier: every gold here is a test suite
+        logger.warning("The tests of %d code problems not run at load: no sandbox here.", len(problems))
+        return {}
+    jobs: list[tuple[str, str, str, bool]] = []  # (problem id, what runs, its code, whether it must pass)
+    for problem in problems:
+        tests = CodeTests.from_gold(problem.answer)
+        if problem.solution:
+            jobs.append((problem.id, "its reference solution", problem.solution, True))
+        trivial = dict(TRIVIAL_BODIES)
+        trivial.update({f"the constant {v!r}": f"return {v!r}" for v in expected_constants(tests.check)})
+        for name, body in trivial.items():
+            jobs.append((problem.id, name, f"def {tests.entry_point}(*args, **kwargs):\n    {body}\n", False))
+    answers = {p.id: p.answer for p in problems}
+    try:  # a CodeVerifier: every gold here is a test suite
+        scores = verifier.score_texts([answers[j[0]] for j in jobs], [f"```python\n{j[2]}\n```" for j in jobs])
     finally:
         verifier.close()
-    return {p.id for p, score in zip(problems, scores) if score < 1.0}
+    unfit: dict[str, str] = {}
+    for (pid, what, _, must_pass), score in zip(jobs, scores):
+        if pid in unfit:
+            continue
+        if must_pass and score < 1.0:
+            unfit[pid] = "its reference solution fails its own tests"
+        elif not must_pass and score >= 1.0:
+            unfit[pid] = f"its tests are passed by {what}"
+    return unfit
 
 
 def is_code_rows(rows: list) -> bool:

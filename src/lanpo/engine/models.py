@@ -130,6 +130,17 @@ def resolve_model_path(name_or_path: str) -> str:
     return name_or_path  # a hub id
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def weights_on_disk(path: str) -> int:
+    """Bytes of a local model's weight files (0 for a hub name: unknown until it loads)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return 0
+    return sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES))
+
+
 def check_model_name(name_or_path: str) -> None:
     """Fail fast, before anything heavy loads, on a local model path that does not exist."""
     if name_or_path in EMBEDDED_MODELS:

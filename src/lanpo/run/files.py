@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Sequence
@@ -199,6 +200,33 @@ class RunFolderBusy(RuntimeError):
     """Another live process trains this run folder."""
 
 
+def lock_path(run_dir: str | Path) -> Path:
+    """The training lock of a run folder: ``.NAME.lock`` beside it."""
+    run_dir = Path(run_dir).resolve()
+    return run_dir.parent / f".{run_dir.name}.lock"
+
+
+def missing_folders(folder: str | Path) -> list[Path]:
+    """``folder`` and its parents that do not exist yet, deepest first: what making it would create."""
+    folder = Path(folder).resolve()
+    return [p for p in (folder, *folder.parents) if not p.exists()]
+
+
+def remove_made(folders: list[Path], lock: Path | None) -> None:
+    """Undo what a refused run made: its lock file (when it made it) and the folders that did not exist before it
+    (deepest first; the run folder with whatever the refused start wrote into it)."""
+    if lock is not None:
+        lock.unlink(missing_ok=True)
+    for index, folder in enumerate(folders):
+        if index == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        else:
+            try:
+                folder.rmdir()
+            except OSError:
+                pass  # something else was put there meanwhile: it stays
+
+
 def hold_run_lock(run_dir: str | Path):
     """Take the run folder's training lock (``.NAME.lock`` beside it) for the life of this process, or raise
     :class:`RunFolderBusy` naming the process that holds it. The kernel drops the lock of a process that dies, so
@@ -211,7 +239,7 @@ def hold_run_lock(run_dir: str | Path):
         return None  # not a folder: the run's own checks refuse it, naming it
     try:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
-        handle = (run_dir.parent / f".{run_dir.name}.lock").open("a+")
+        handle = lock_path(run_dir).open("a+")
     except OSError:
         return None  # a folder nothing can be written to: the run's own checks refuse it, naming it
     try:

@@ -13,10 +13,12 @@ builder use one object for math and code alike.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from lanpo.verify.answers import extraction_mode
 from lanpo.verify.sandbox import CodeTests, GoldKind, Limits, Sandbox, check_workers
@@ -27,6 +29,7 @@ CODE_START = re.compile(r"^(?:def|class|import|from|async\s+def)\s", re.MULTILIN
 PYTHON_TAGS = {"python", "py", "python3", ""}
 MAX_TIMEOUT = 300.0  # seconds of one execution: past this a test suite is data gone wrong, not a slow machine
 MAX_CODE_CHARS = 20_000
+logger = logging.getLogger(__name__)
 
 
 def extract_code(text: str, mode: str = "strict") -> str | None:
@@ -82,6 +85,64 @@ def code_settings(options) -> CodeSettings:
         getattr(options, "code_partial_credit", False),
         options.allow_unsandboxed_code,
     )
+
+
+RUNS_SHARE = 0.5  # of the memory free beside the model's weights and optimizer state: the rest is for activations
+
+
+def mem_available_mb() -> float | None:
+    """The memory the machine has free now (MemAvailable), None where the kernel does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def workers_that_fit(workers: int, run_mb: int, reserved_mb: float, available_mb: float) -> int:
+    """How many sandboxes may run at once: ``workers``, lowered so that their bounds together stay within
+    :data:`RUNS_SHARE` of what is free beside the model (``available_mb - reserved_mb``). Refuses (ValueError,
+    naming the numbers) where not even one fits."""
+    room = available_mb - reserved_mb
+    fit = int(room * RUNS_SHARE // run_mb) if room > 0 else 0
+    if fit < 1:
+        raise ValueError(
+            f"Not even one code sandbox fits beside the model: {available_mb:,.0f} MB free, about {reserved_mb:,.0f} "
+            f"MB for the model's weights and optimizer state, and one sandboxed run may take {run_mb} MB (of the "
+            f"{room:,.0f} MB left, at most {RUNS_SHARE:.0%} goes to sandboxes). Free memory, or use a smaller model."
+        )
+    return min(workers, fit)
+
+
+def fit_code_workers(workers: int, weights_bytes: int, copies: int, run_mb: int = Limits.memory_mb) -> int:
+    """``code_workers`` checked against the memory this machine has free now, before the model loads: the model
+    takes ``copies`` times its weights (4 to train with Adam: weights, gradients, two moments; one more for a KL
+    reference; 1 to evaluate). A setting whose sandboxes could exhaust the rest is lowered, with a warning naming
+    the numbers (how many run at once changes the speed, never a reward); one where a single sandbox cannot fit
+    is refused."""
+    available = mem_available_mb()
+    if available is None:
+        return workers
+    reserved = weights_bytes / (1024 * 1024) * copies
+    allowed = workers_that_fit(workers, run_mb, reserved, available)
+    if allowed < workers:
+        logger.warning(
+            "code_workers lowered from %d to %d: %d sandboxes of %d MB each could take %d MB, and this machine has "
+            "%.0f MB free, about %.0f MB of them for the model (its weights x %d); sandboxes get at most %.0f%% of "
+            "the rest, the other part is for activations and generation.",
+            workers,
+            allowed,
+            workers,
+            run_mb,
+            workers * run_mb,
+            available,
+            reserved,
+            copies,
+            RUNS_SHARE * 100,
+        )
+    return allowed
 
 
 class CodeVerifier:

@@ -23,9 +23,12 @@ two forms (:class:`CodeTests`):
   the problem's own code (``helpers``), with the function's name bound to a proxy of the worker: the test program
   and its expected values never enter the model's process, and every value it compares was rebuilt from plain data.
 
-The sandbox bounds what it takes from the host: the address space, CPU time, processes, file size and open files
-of each process, and sized ``/tmp`` and ``/dev/shm`` (RAM-backed, so counted in ``tmp_mb``); the rest of ``/dev``
-is read-only, and no nested user namespace can be made inside.
+The sandbox bounds what it takes from the host: the memory of all of a run's processes together (a control group of
+its own per run, :mod:`lanpo.verify.cgroups`; where none can be made, the address space of each process times the
+processes it may have), the address space, CPU time, processes, file size and open files of each process, and
+sized ``/tmp`` and ``/dev/shm`` (RAM-backed, so counted in ``tmp_mb`` and in the run's group); the rest of ``/dev``
+is read-only, no nested user namespace can be made inside, and no kernel keyring can be reached (a seccomp filter
+denies ``add_key``, ``keyctl`` and ``request_key``: keyrings are kept per uid, a channel between runs).
 
 Without bubblewrap, :class:`Sandbox` refuses to start and says how to install it, unless ``allow_unsandboxed``
 names the risk (the code then runs with the resource limits, an empty environment and a temporary working
@@ -35,6 +38,7 @@ directory, and no security boundary at all).
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import keyword
 import logging
@@ -55,11 +59,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from lanpo.verify.cgroups import MemoryBound, Reaper, RunGroup, find_memory_bound, group_name, sweep_stale
+from lanpo.verify.seccomp import keyring_filter
+
 logger = logging.getLogger(__name__)
 
 CODE_GOLD_KEY = "code_tests"  # a gold answer that starts with {"code_tests": is a test suite, not a math answer
 MAX_TESTS_CHARS = 1_000_000  # a test suite past this is data gone wrong (it would also choke the sandbox's stdin)
 MAX_WORKERS = 64  # concurrent sandboxes: as root each runs under an unprivileged uid of its own, from 64 per process
+SANDBOX_NUMBERS = itertools.count(1)  # the sandboxes of this process, told apart in their control groups' names
 
 
 @dataclass(frozen=True)
@@ -128,12 +136,14 @@ def gold_kind_of(gold) -> GoldKind:
 
 @dataclass(frozen=True)
 class Limits:
-    """Per execution. ``timeout`` is wall-clock seconds for the whole sandbox, start-up included."""
+    """Per execution. ``timeout`` is wall-clock seconds for the whole sandbox, start-up included; ``memory_mb`` is
+    the whole run's, all of its processes together (:attr:`Sandbox.bound` says how it is held here); ``processes``
+    counts the sandbox's own four (two of bubblewrap, the judge, the worker) and what the code starts."""
 
     timeout: float = 5.0
     cpu_seconds: int = 4
     memory_mb: int = 512
-    processes: int = 16
+    processes: int = 8
     file_mb: int = 8
     open_files: int = 64
     output_chars: int = 2000
@@ -154,6 +164,8 @@ class Execution:
     total: int = 0
     output: str = ""
     seconds: float = 0.0
+    reason: str = ""  # why a run crashed, where the sandbox knows (a limit that killed it)
+    peak_mb: float | None = None  # the most memory the run's processes held together (where a group counted it)
 
     @property
     def share(self) -> float:
@@ -175,6 +187,11 @@ def _same(value_json: str | None, expected) -> bool:
     except ValueError:
         return False
     return _equal(value, json.loads(json.dumps(expected)))
+
+
+def same_value(a, b) -> bool:
+    """Two plain values are one as the tests compare them (:func:`_same`): a value passed as JSON and back."""
+    return _equal(json.loads(json.dumps(a)), json.loads(json.dumps(b)))
 
 
 def _equal(a, b) -> bool:
@@ -217,8 +234,9 @@ def _interpreter() -> str:
     return sys.executable
 
 
-def bwrap_argv(interpreter: str, tmp_mb: int = Limits.tmp_mb) -> list[str]:
-    """The bubblewrap command line for one execution (the runner is read from ``-c``)."""
+def bwrap_argv(interpreter: str, tmp_mb: int = Limits.tmp_mb, seccomp_fd: int | None = None) -> list[str]:
+    """The bubblewrap command line for one execution (the runner is read from ``-c``), with the keyring filter
+    read from ``seccomp_fd`` when given."""
     argv = ["bwrap", "--ro-bind", "/usr", "/usr"]
     for name in ("bin", "lib", "lib64", "lib32", "sbin"):
         path = Path("/") / name
@@ -236,6 +254,8 @@ def bwrap_argv(interpreter: str, tmp_mb: int = Limits.tmp_mb) -> list[str]:
     argv += ["--size", size, "--tmpfs", "/tmp", "--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
     argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--new-session", "--die-with-parent"]
     argv += ["--cap-drop", "ALL", "--clearenv"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
     return argv + ["--", interpreter, *RUNNER_ARGS]
 
 
@@ -258,16 +278,22 @@ class Sandbox:
         self._free = threading.Condition(self._lock)
         self._slots = list(range(self.workers))
         self._pool: ThreadPoolExecutor | None = None
+        self._runs = 0  # names each run's control group, with this sandbox's number
+        self._number = next(SANDBOX_NUMBERS)
+        self._reaper: Reaper | None = None
         self.interpreter = _interpreter()
         self.isolated = shutil.which("bwrap") is not None
+        self.drop_to_uid = False
+        # until the bound is found (_bound_memory): each process may take the whole, as the trial runs need
+        self.bound = MemoryBound.rlimits(self.limits.memory_mb, 1, False)
         if not self.isolated:
             if not allow_unsandboxed:
                 raise SandboxUnavailable(INSTALL_HINT)
             self.interpreter = sys.executable
-            self.drop_to_uid = False
             logger.warning(
                 "Running model-written code WITHOUT a sandbox (allow_unsandboxed_code): no security boundary."
             )
+            self._say_bound()
             return
         # As root, the sandbox drops to an unprivileged uid (root is exempt from the process limit); the interpreter
         # must be one that uid can read, and the kernel must let that uid make a user namespace.
@@ -286,6 +312,37 @@ class Sandbox:
                 f"({trial.output.strip()[-300:] or 'no output'}). Check that this kernel allows unprivileged user "
                 "namespaces (sysctl kernel.unprivileged_userns_clone, user.max_user_namespaces)."
             )
+        self._bound_memory()
+        self._say_bound()
+
+    def _bound_memory(self) -> None:
+        """One memory limit for each run as a whole: a control group per run where this process can make them
+        (tried with a run), else the rlimits' split (:mod:`lanpo.verify.cgroups`)."""
+        found = find_memory_bound(self.limits.memory_mb, self.limits.processes, self.drop_to_uid)
+        if found.kind != "rlimits":
+            sweep_stale(found.parent)  # groups left by trainers that were killed before their reaper ran
+            self.bound = found
+            self._reaper = Reaper(found.parent, self._number)
+            trial = self._trial()
+            if trial.outcome == "passed":
+                return
+            logger.warning(
+                "A run could not join a control group under %s (%s): each run's memory is bounded by rlimits instead.",
+                found.parent,
+                trial.output.strip()[-200:] or trial.outcome,
+            )
+            self._close_reaper()
+        self.bound = MemoryBound.rlimits(self.limits.memory_mb, self.limits.processes, self.drop_to_uid)
+        trial = self._trial()
+        if trial.outcome != "passed":
+            raise SandboxUnavailable(
+                f"No control group can be made here, so a run's {self.limits.memory_mb} MB are split over its "
+                f"{self.limits.processes} processes: {self.bound.per_process_mb} MB each is too little for the runner "
+                f"({trial.outcome}: {trial.output.strip()[-200:]}). Raise the memory limit or lower the process count."
+            )
+
+    def _say_bound(self) -> None:
+        logger.info("Code sandbox: each run's memory is bounded by %s.", self.bound.describe())
 
     def _trial(self) -> Execution:
         """One trivial run made as runs will be made, with time enough for a slow start (a short ``timeout``
@@ -332,6 +389,12 @@ class Sandbox:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        self._close_reaper()
+
+    def _close_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.close()
+            self._reaper = None
 
     # -- internals -------------------------------------------------------------------------------------------
 
@@ -340,7 +403,7 @@ class Sandbox:
         limits, mb = self.limits, 1024 * 1024
         rlimits = [
             ("RLIMIT_CPU", limits.cpu_seconds),
-            ("RLIMIT_AS", limits.memory_mb * mb),
+            ("RLIMIT_AS", self.bound.per_process_mb * mb),
             ("RLIMIT_FSIZE", limits.file_mb * mb),
             ("RLIMIT_NOFILE", limits.open_files),
             ("RLIMIT_CORE", 0),
@@ -353,7 +416,13 @@ class Sandbox:
         job = {"token": token, "report_fd": write_end, "rlimits": self._rlimits(), "code": code, **asdict(tests)}
         job["source"] = RUNNER  # the judge starts the worker from the same source
         job["cases"] = [args for args, _ in tests.cases]  # the expected values never enter the sandbox
-        argv = bwrap_argv(self.interpreter, self.limits.tmp_mb) if self.isolated else [self.interpreter, *RUNNER_ARGS]
+        passed_fds = [write_end]
+        if self.isolated:
+            seccomp = _program_pipe(keyring_filter())
+            passed_fds.append(seccomp)
+            argv = bwrap_argv(self.interpreter, self.limits.tmp_mb, seccomp)
+        else:
+            argv = [self.interpreter, *RUNNER_ARGS]
         # As root, each worker slot runs as an unprivileged uid of its own: the process limit then counts the
         # sandbox's processes alone (root is exempt from it). util-linux's setpriv switches the uid after the spawn:
         # Popen's own user= rules out vfork, and a fork of a trainer holding gigabytes costs 0.05-0.25 s a run.
@@ -363,6 +432,15 @@ class Sandbox:
             argv = [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", *argv]
         elif uid is not None:
             switch = {"user": uid, "group": uid, "extra_groups": []}
+        group = None
+        if self.bound.kind != "rlimits":  # the run is born in a group of its own: its memory counted as a whole
+            try:
+                group = RunGroup.make(self.bound, group_name(self._number, self._next_run()))
+                argv = group.wrap(argv)
+            except OSError as error:
+                for fd in (read_end, *passed_fds):
+                    os.close(fd)
+                return Execution("crashed", 0, max(1, len(tests.cases)), "", 0.0, f"no control group: {error}")
         started = time.monotonic()
         # bubblewrap starts in its private /tmp; without it the code gets a temporary directory of its own
         workdir_context = nullcontext("/") if self.isolated else tempfile.TemporaryDirectory(prefix="lanpo-code-")
@@ -373,24 +451,46 @@ class Sandbox:
                     stdin=subprocess.PIPE,
                     stdout=output,
                     stderr=subprocess.STDOUT,
-                    pass_fds=(write_end,),
+                    pass_fds=tuple(passed_fds),
                     start_new_session=True,
                     cwd=workdir,
                     env={} if self.isolated else {"PATH": "/usr/bin:/bin", "HOME": workdir},
                     **switch,
                 )
             except OSError as error:
-                os.close(read_end)
-                os.close(write_end)
+                for fd in (read_end, *passed_fds):
+                    os.close(fd)
+                if group is not None:
+                    group.remove()
                 return Execution("crashed", 0, max(1, len(tests.cases)), f"could not start: {error}")
-            os.close(write_end)
+            for fd in passed_fds:
+                os.close(fd)
             report, timed_out = self._wait(process, json.dumps(job).encode(), read_end, timeout)
             seconds = time.monotonic() - started
             output.seek(0)
             text = output.read(self.limits.output_chars).decode("utf-8", "replace")
         result = self._judge(report, token, tests, timed_out, process.returncode, text, seconds)
+        if group is not None:
+            killed, result.peak_mb = group.oom_kills(), group.peak_mb()
+            group.remove()
+            if killed:  # a process of the run met the group's limit: the run as a whole took too much
+                result = Execution(
+                    "crashed",
+                    0,
+                    max(1, len(tests.cases)),
+                    result.output,
+                    seconds,
+                    f"killed at the run's memory limit ({self.bound.total_mb} MB for all its processes together; "
+                    f"{killed} process(es) killed)",
+                    result.peak_mb,
+                )
         result.output = result.output[: self.limits.output_chars]
         return result
+
+    def _next_run(self) -> int:
+        with self._lock:
+            self._runs += 1
+            return self._runs
 
     def _wait(self, process: subprocess.Popen, job: bytes, read_end: int, timeout: float | None) -> tuple[bytes, bool]:
         """Send the job, collect the report pipe until the sandbox ends or the deadline passes (then kill it all)."""
@@ -445,6 +545,14 @@ class Sandbox:
         if result.get("passed") is True and isinstance(result.get("calls"), int) and result["calls"] > 0:
             return Execution("passed", 1, 1, text, seconds)
         return Execution("failed", 0, 1, f"{result.get('failed', '')}\n{text}", seconds)
+
+
+def _program_pipe(program: bytes) -> int:
+    """A descriptor bubblewrap reads a seccomp program from (a pipe holding it, its writing end closed)."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, program)  # a few hundred bytes: within any pipe's buffer
+    os.close(write_end)
+    return read_end
 
 
 def _drain(fd: int, chunks: list[bytes], limit: int) -> None:
