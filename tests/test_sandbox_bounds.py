@@ -407,3 +407,39 @@ def test_a_local_row_a_constant_passes_is_skipped_naming_it(tmp_path, caplog):
     assert [CodeTests.from_gold(p.answer).entry_point for p in problems] == ["h"]
     assert "passed by the constant 4: row(s) 1" in caplog.text
     assert "passed by the identity of the first argument: row(s) 2" in caplog.text
+
+
+@needs_bwrap
+def test_starting_a_sandbox_says_which_bound_is_in_force(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="lanpo.verify.sandbox"):
+        box = Sandbox(Limits(memory_mb=300), workers=1)
+    box.close()
+    assert "Code sandbox: each run's memory is bounded by" in caplog.text and "300 MB" in caplog.text
+
+
+# -- concurrency within the machine ---------------------------------------------------------------------------
+
+
+def test_workers_are_lowered_to_what_fits_beside_the_model_and_refused_when_none_does():
+    from lanpo.verify.code import workers_that_fit
+
+    # 24 GiB free, a 0.5 GB model x 5: half of the rest is 9.5 GB, room for 18 runs of 512 MB
+    assert workers_that_fit(64, 512, 2600, 24_000) == by_hand_fit(512, 2600, 24_000)
+    assert workers_that_fit(2, 512, 2600, 24_000) == 2  # a setting that fits is left alone
+    with pytest.raises(ValueError, match="Not even one code sandbox fits beside the model: 1,000 MB free"):
+        workers_that_fit(2, 512, 800, 1000)
+
+
+def by_hand_fit(run_mb: int, reserved_mb: float, available_mb: float) -> int:
+    """Computed by hand: half of what is left beside the model, in whole runs."""
+    return int((available_mb - reserved_mb) / 2 // run_mb)
+
+
+def test_code_workers_past_the_machine_are_lowered_with_a_warning_naming_the_numbers(monkeypatch, caplog):
+    from lanpo.verify import code
+
+    monkeypatch.setattr(code, "mem_available_mb", lambda: 8192.0)
+    assert code.fit_code_workers(64, 512 * 1024 * 1024, 4) == 6  # (8192 - 2048) / 2 / 512
+    assert "code_workers lowered from 64 to 6" in caplog.text and "8192 MB free" in caplog.text

@@ -749,7 +749,7 @@ FLOAT_RANGES: dict[str, Range] = {
     "score_coef": Range(0.0, 100.0),  # the teacher's signal past 100x the reward's advantage (about +-1) drowns it
     "score_clip": Range(0.0, 50.0, open_low=True),  # a log-ratio of 50 is a probability ratio of 5e21
     "score_ema_rate": Range(0.0, 1.0, open_low=True),
-    "strip_ratio_clip": Range(0.0, 1e3, open_low=True),
+    "strip_ratio_clip": Range(0.0, 1e6, open_low=True),  # 1e6: unclipped in practice, still finite in fp32
     "shaping_gamma": Range(0.0, 100.0, open_low=True),
     "verify_time_limit": Range(0.0, 3600.0, open_low=True),
     "code_timeout": Range(0.0, 300.0, open_low=True),
