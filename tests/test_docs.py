@@ -156,3 +156,72 @@ def test_the_package_tree_in_the_architecture_page_is_what_the_code_generates():
     assert "(say what it is for" not in generator.package_tree()
     for module in ("runner", "sandbox", "code_tasks", "console"):  # a module on disk is in the tree
         assert module in generator.package_tree()
+
+
+# -- results a reader takes in at a glance (issue 92) ------------------------------------------------------------
+
+PROSE_PAGES = [ROOT / "README.md", *sorted(p for p in DOCS.glob("*.md") if p.name != "log.md")]
+MAX_PARAGRAPH_WORDS = 150
+IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)|<img[^>]+src=\"([^\"]+)\"")
+
+
+def paragraphs(text: str) -> list[str]:
+    """The prose paragraphs of a Markdown page: runs of lines between blank lines, headings, tables, fences,
+    comments and images; each list item is a paragraph of its own."""
+    found, current, fenced = [], [], False
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            fenced = not fenced
+        special = fenced or stripped.startswith(("```", "|", "#", "<!--", "!["))
+        if not stripped or special or (re.match(r"([-*+]|\d+\.)\s", stripped) and current):
+            if current:
+                found.append(" ".join(current))
+            current = []
+        if stripped and not special:
+            current.append(stripped)
+    if current:
+        found.append(" ".join(current))
+    return found
+
+
+def test_paragraphs_are_found_as_a_reader_sees_them():
+    text = "one two\nthree\n\n| a | b |\n\n- item one\n- item two\n  more\n\n```\ncode words\n```\n# Head\nlast"
+    assert paragraphs(text) == ["one two three", "- item one", "- item two more", "last"]
+
+
+@pytest.mark.parametrize("page", PROSE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_paragraph_runs_past_150_words(page):
+    long = [p[:80] for p in paragraphs(page.read_text()) if len(p.split()) > MAX_PARAGRAPH_WORDS]
+    assert not long, f"{page.name}: split these (the per-cell story belongs in docs/log.md): {long}"
+
+
+@pytest.mark.parametrize("page", [*PROSE_PAGES, DOCS / "log.md"], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_image_a_page_shows_exists(page):
+    for match in IMAGE.finditer(page.read_text()):
+        target = match.group(1) or match.group(2)
+        if not target.startswith(("http://", "https://")):
+            assert (page.parent / target).is_file(), f"{page.name}: {target}"
+
+
+def test_results_open_with_one_table_of_every_verdict_then_the_figure():
+    text = (DOCS / "results.md").read_text()
+    head = text[: text.index("\n## ", text.index("## In short") + 1)]
+    grids = ["verdict`", "verdict-sft`", "verdict-sources`", "verdict-score`", "verdict-ahead`", "code`"]
+    assert all(f"[`{grid}" in head for grid in grids), "every grid has a row in the first table"
+    assert head.index("| grid") < head.index("verdicts.png") < head.index("What to do at this scale")
+
+
+def test_no_figure_that_left_results_md_is_lost():
+    """Every number results.md held before the move (2026-12-05) is in results.md or the log now."""
+    import subprocess
+
+    old = subprocess.run(
+        ["git", "show", "b5eed5c:docs/results.md"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if old.returncode != 0:
+        pytest.skip("the commit before the move is not in this clone's history")
+    figures = set(re.findall(r"[−-]?\d+\.\d+", old.stdout))
+    kept = (DOCS / "results.md").read_text() + (DOCS / "log.md").read_text()
+    lost = sorted(f for f in figures if f not in kept)
+    assert not lost, lost

@@ -419,3 +419,47 @@ def test_the_browser_helper_runs_in_a_fresh_process_whose_own_pipes_take_fds_3_a
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "hello", done.stderr[-2000:]
+
+
+def _run_with_evaluations_beside_it(folder: Path) -> Path:
+    """A run with no evaluation during training, evaluated before and after as `make demo` does: the start model
+    in RUN/eval-before, RUN/final in RUN/eval-after."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1 * s}) + "\n" for s in (1, 2, 3)))
+    for name, model, value in (("eval-before", "smollm2-135m", 0.25), ("eval-after", str(folder / "final"), 0.5)):
+        (folder / name).mkdir()
+        payload = {"model": model, "data": "builtin:arith?split=test", "settings": {"k": 4}}
+        payload["modes"] = {"zero-shot": {"metrics": {"mean@4": value, "pass@4": value}}}
+        (folder / name / "results.json").write_text(json.dumps(payload))
+    return folder
+
+
+def test_the_run_directorys_evaluations_stand_at_the_step_of_their_model(tmp_path):
+    import lanpo.report.page
+
+    run = _run_with_evaluations_beside_it(tmp_path / "demo")
+    (run / "eval-mid").mkdir()
+    (run / "eval-mid" / "results.json").write_text(
+        json.dumps({"model": str(run / "checkpoint-2"), "modes": {"zero-shot": {"metrics": {"mean@4": 0.3}}}})
+    )
+    steps = {e["name"]: e["step"] for e in lanpo.report.page.collect(run)["evals"]}
+    assert steps == {"eval-before": 0, "eval-after": 3, "eval-mid": 2}
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it when apt-get can)")
+def test_the_held_out_panel_shows_the_evaluations_before_and_after_when_none_ran_during_training(tmp_path):
+    from helpers.browser import Browser
+
+    run = _run_with_evaluations_beside_it(tmp_path / "demo")
+    out = tmp_path / "report.html"
+    assert lanpo(["report", str(run), "--out", str(out)]) == 0
+    with Browser() as browser:
+        browser.open(out.as_uri())
+        text = browser.js("document.getElementById('main').innerText")
+        assert "the run directory's evaluations" in text and "no evaluation during training" not in text
+        points = browser.js(
+            "[...document.querySelectorAll('svg[role=img]')].filter(s => s.getAttribute('aria-label')"
+            ".startsWith('Held-out')).flatMap(s => [...s.querySelectorAll('circle title')].map(t => t.textContent))"
+        )
+        assert any("step 0: 0.250" in p for p in points) and any("step 3: 0.500" in p for p in points), points
+        assert not browser.errors(), browser.errors()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -173,9 +174,23 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
     }
 
 
-def _evals(run_dir: Path) -> list[dict]:
+def _eval_step(model, run_dir: Path, last_step: int | None) -> int | None:
+    """The training step an evaluation's model stands at: the run's last step for its ``final`` model, N for its
+    ``checkpoint-N``, 0 for a model from outside the run (the one it started from); None when unknown."""
+    if not isinstance(model, str) or not model:
+        return None
+    path = Path(model)
+    inside = path.parent.name == run_dir.name or path.parent.resolve() == run_dir.resolve()
+    if inside and path.name == "final":
+        return last_step
+    if inside and re.fullmatch(r"checkpoint-\d+", path.name):
+        return int(path.name.split("-")[1])
+    return None if inside or path.name == run_dir.name else 0
+
+
+def _evals(run_dir: Path, last_step: int | None = None) -> list[dict]:
     """Every ``results.json`` under the run (``eval-before``, ``eval-after``, ...) in the order they were written:
-    name, data, modes' metrics."""
+    name, data, modes' metrics, and the training step its model stands at (:func:`_eval_step`)."""
     found = []
     paths = [*run_dir.glob("*/results.json"), *run_dir.glob("*/*/results.json")]
     for path in sorted(paths, key=lambda p: (p.stat().st_mtime, str(p))):
@@ -188,6 +203,7 @@ def _evals(run_dir: Path) -> list[dict]:
                 {
                     "name": str(path.parent.relative_to(run_dir)),
                     "model": payload.get("model"),
+                    "step": _eval_step(payload.get("model"), run_dir, last_step),
                     "data": payload.get("data"),
                     "k": (payload.get("settings") or {}).get("k"),
                     "modes": {m: v.get("metrics", {}) for m, v in payload["modes"].items()},
@@ -211,7 +227,7 @@ def collect(run_dir: str | Path) -> dict:
         "groups": groups,
         "total_groups": total_groups,
         "pool": _pool(run, groups, read_jsonl(run / "retrievals.jsonl")),
-        "evals": _evals(run),
+        "evals": _evals(run, max((r["step"] for r in metrics if isinstance(r.get("step"), int)), default=None)),
         "config": config,
     }
 

@@ -87,6 +87,34 @@ function chart(title, series, empty) {
   return card;
 }
 
+// The evaluations in the run directories (lanpo eval --out RUN/eval-before, RUN/eval-after), as points at the step
+// their model stands at (0 for the start model, the last step for RUN/final): one series per data set, mode and
+// mean@k, shown where nothing was evaluated during training.
+function runEvaluations() {
+  const series = new Map();
+  DATA.runs.forEach((run, r) => {
+    run.evals.forEach((e) => {
+      if (e.step === null || e.step === undefined) return;
+      Object.entries(e.modes).forEach(([mode, metrics]) => {
+        Object.entries(metrics).forEach(([key, value]) => {
+          if (!/^mean@\d+$/.test(key) || typeof value !== "number") return;
+          const label = (DATA.runs.length > 1 ? run.name + ": " : "") + `${e.data} ${mode} ${key} (lanpo eval)`;
+          if (!series.has(label))
+            series.set(label, {
+              label,
+              points: [],
+              color: COLORS[series.size % COLORS.length],
+              dash: DASHES[r % DASHES.length],
+              logged: false,
+            });
+          series.get(label).points.push([e.step, value]);
+        });
+      });
+    });
+  });
+  return [...series.values()].map((s) => ({ ...s, points: s.points.sort((a, b) => a[0] - b[0]) }));
+}
+
 function curves(main) {
   if (DATA.runs.length > 1)
     main.appendChild(
@@ -110,14 +138,18 @@ function curves(main) {
             points: run.metrics[k],
             color: COLORS[i % COLORS.length],
             dash: DASHES[r % DASHES.length],
+            logged: true,
           });
       });
     });
+    const heldOut = title.startsWith("Held-out");
+    if (heldOut && !series.length) series.push(...runEvaluations()); // before/after evaluations, at their steps
     const empty =
-      title.startsWith("Held-out") && evals
-        ? `no evaluation during training (--eval_every N); ${evals} evaluation(s) in the run directory: see the Evaluation tab`
+      heldOut && evals
+        ? `no evaluation during training (--eval_every N), and none of the ${evals} evaluation(s) in the run directory is of a model whose step is known: see the Evaluation tab`
         : "";
-    grid.appendChild(chart(title, series, empty));
+    const fromRunDir = heldOut && series.length && !series[0].logged;
+    grid.appendChild(chart(fromRunDir ? `${title}: the run directory's evaluations` : title, series, empty));
   });
 }
 

@@ -1,0 +1,72 @@
+"""Draw docs/verdicts.png: every recorded grid's arms against GRPO, held-out mean@4 minus GRPO's by step, paired
+by seed, mean and 95% band (the first figure of results.md).
+
+    python docs/verdicts.py   # reads results/ (the grids' records); about 10 s
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lanpo.experiments.grid import load_grid
+from lanpo.experiments.stats import collect, mean_ci
+
+ROOT = Path(__file__).resolve().parents[1]
+GRIDS = ("verdict-sources", "verdict-score", "verdict-ahead")  # the grids whose cells are recorded in results/
+METRIC = "eval/arith/zero-shot/mean@4"
+REFERENCE = "grpo"
+
+
+def paired_curves(results: dict) -> dict[str, list[tuple[int, float, float]]]:
+    """Per arm other than GRPO: (step, mean, 95% half-width) of the arm minus GRPO, paired by seed."""
+    reference = results[REFERENCE]
+    curves = {}
+    for arm, cells in results.items():
+        if arm == REFERENCE:
+            continue
+        points = []
+        steps = sorted({s for c in cells.values() for s in c["evals"].get(METRIC, {})})
+        for step in steps:
+            diffs = [
+                cell["evals"][METRIC][step] - reference[seed]["evals"][METRIC][step]
+                for seed, cell in cells.items()
+                if seed in reference
+                and step in cell["evals"].get(METRIC, {})
+                and step in reference[seed]["evals"].get(METRIC, {})
+            ]
+            if diffs:
+                mean, half, _ = mean_ci(diffs)
+                points.append((step, mean, half or 0.0))
+        curves[arm] = points
+    return curves
+
+
+def main() -> None:
+    from lanpo.run.plots import _plt
+
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(GRIDS), figsize=(5.2 * len(GRIDS), 4.2), sharey=True)
+    for ax, name in zip(axes, GRIDS):
+        grid = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml", reference=REFERENCE)
+        curves = paired_curves(collect(grid))
+        for arm, points in curves.items():
+            if arm == "lanpo" and name != "verdict-sources":
+                continue  # drawn once, in its own grid
+            x = [p[0] for p in points]
+            y = [p[1] for p in points]
+            ax.plot(x, y, "-o", markersize=3, label=arm)
+            ax.fill_between(x, [m - h for _, m, h in points], [m + h for _, m, h in points], alpha=0.15)
+        ax.axhline(0.0, color="black", linewidth=1, label="grpo")
+        ax.set(title=name, xlabel="step")
+        ax.legend(fontsize=8, loc="lower left")
+    axes[0].set_ylabel("held-out mean@4 − GRPO (paired, 95% band)")
+    fig.suptitle("Every recorded arm against GRPO, SmolLM2-135M, builtin:arith held out, 5 seeds")
+    fig.tight_layout()
+    out = ROOT / "docs" / "verdicts.png"
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
