@@ -169,6 +169,10 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     for (name, a), (_, b) in zip(full.model.named_parameters(), resumed.model.named_parameters()):
         assert torch.equal(a, b), name
     assert full.pool.digest() == resumed.pool.digest()
+    # every entry's and every reflection's worth record as an uninterrupted run has it (lanpo.pool.worth)
+    assert full.pool.reflection_worth() and full.pool.entry_worth()
+    assert full.pool.entry_worth() == resumed.pool.entry_worth()
+    assert full.pool.reflection_worth() == resumed.pool.reflection_worth()
     assert history(full, "loss") == history(resumed, "loss")  # the resumed log carries steps 1-2 over
     assert history(full, "retrieval/hit_rate") == history(resumed, "retrieval/hit_rate")
 
@@ -483,7 +487,7 @@ def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_need
     calls, stored, reflected = [], [], []
     original, add = trainer._generate_ids, trainer.pool.add_attempts
     trainer._generate_ids = lambda ids: calls.append((trainer.state.global_step, len(ids))) or original(ids)
-    trainer.pool.add_attempts = lambda attempts: stored.extend(attempts) or add(attempts)
+    trainer.pool.add_attempts = lambda attempts, *worth: stored.extend(attempts) or add(attempts, *worth)
     rows_seen = trainer._after_rollouts
 
     def after(output, generation):

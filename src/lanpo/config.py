@@ -52,6 +52,8 @@ Scorer = Literal["bm25", "embedding", "llm"]
 ContextInLoss = Literal["strip", "strip-sequence", "shaped", "unweighted", "keep"]
 AdvantageGrouping = Literal["shared", "separate", "scratch-baseline"]
 Extraction = Literal["strict", "lenient"]
+RetrievalRank = Literal["similarity", "simutil", "lift"]  # lanpo.pool.worth.RANKINGS
+PoolEviction = Literal["oldest", "worth"]
 LogprobHead = Literal["trl", "compact"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
@@ -249,6 +251,26 @@ class LanpoConfig(GRPOConfig):
     )
     retrieval_top_k: int = field(default=3, metadata={"help": "Most pool entries in one abstraction prompt."})
     retrieval_candidates: int = field(default=16, metadata={"help": "BM25 candidates scored for relevance."})
+    retrieval_rank: RetrievalRank = field(
+        default="similarity",
+        metadata={
+            "help": "How retrieved entries are ranked: similarity (relevance alone); simutil (RetroAgent's SimUtil-UCB: "
+            "0.6 relevance + 0.4 (success EMA + UCB bonus), relevance floor 0.4 instead of gamma); lift (each "
+            "entry's in-group lift, shrunk, by its upper bound; entries judged harmful are not shown). Under "
+            "simutil and lift each abstraction row is shown one lesson, so its credit is exact."
+        },
+    )
+    pool_eviction: PoolEviction = field(
+        default="oldest",
+        metadata={
+            "help": "Which entries leave a problem's pool at pool_cap (and the whole pool at pool_total_cap): oldest, "
+            "or worth (first entries judged not to help, lowest lift first; then the oldest of those too young to "
+            "judge; an entry judged to help last)."
+        },
+    )
+    pool_total_cap: int = field(
+        default=0, metadata={"help": "Entries kept in the whole pool (0: no cap beyond pool_cap per problem)."}
+    )
     embedding_model: str | None = field(
         default=None,
         metadata={
@@ -488,6 +510,10 @@ class LanpoConfig(GRPOConfig):
             )
         choice("reflection_source", REFLECTION_SOURCES)
         choice("relevance_scorer", SCORERS)
+        choice("retrieval_rank", get_args(RetrievalRank))
+        choice("pool_eviction", get_args(PoolEviction))
+        if self.pool_total_cap < 0:
+            raise ValueError(f"pool_total_cap must be >= 0 (0: no whole-pool cap), got {self.pool_total_cap}.")
         choice("context_in_loss", CONTEXT_IN_LOSS)
         choice("advantage_grouping", ADVANTAGE_GROUPING)
         choice("logprob_head", LOGPROB_HEADS)

@@ -38,8 +38,9 @@ from lanpo.feedback.base import SourceKit
 from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
 from lanpo.feedback.registry import make_sources
 from lanpo.plan import FeedbackKind, StepPlan
+from lanpo.pool import worth
 from lanpo.pool.retrieval import LLMJudgeScorer, RetrievalStats, Retriever, make_scorer
-from lanpo.pool.store import POOL_FILENAME, ExperiencePool
+from lanpo.pool.store import POOL_FILENAME, ExperiencePool, StepWorth
 from lanpo.prompts import Messages, solve_messages, with_prefill
 from lanpo.run import checkpoints
 from lanpo.run.console import use_step_lines
@@ -151,6 +152,8 @@ class LanpoTrainer(GRPOTrainer):
             self.run_dir / POOL_FILENAME if main else ":memory:",
             cap_per_problem=args.pool_cap,
             attempts_per_problem=args.pool_attempts_cap,
+            eviction=args.pool_eviction,
+            total_cap=args.pool_total_cap,
         )
         scorer = make_scorer(args.relevance_scorer, self.model, self.processing_class, args.embedding_model)
         self.retriever = Retriever(
@@ -159,6 +162,7 @@ class LanpoTrainer(GRPOTrainer):
             gamma=args.relevance_threshold,
             top_k=args.retrieval_top_k,
             candidates=args.retrieval_candidates,
+            ranking=args.retrieval_rank,
         )
         if isinstance(scorer, LLMJudgeScorer) and self.accelerator.num_processes > 1:  # same forwards on every rank
             scorer.sync_batches = lambda n: max(gather_object([n]))
@@ -495,8 +499,11 @@ class LanpoTrainer(GRPOTrainer):
             step,
             self.accelerator.process_index,
         )
-        for batch in gather_object([rollout.attempts_to_store(rows, step, generation.ahead)]):
-            self.pool.add_attempts(batch)
+        # the step's attempts, and what its feedback rows taught about the entries and reflections they were shown
+        # (lanpo.pool.worth), gathered from every process and written in one transaction
+        taught = StepWorth(step, *worth.observations(rows, rewards.tolist(), correct.tolist(), g))
+        for batch, seen in gather_object([(rollout.attempts_to_store(rows, step, generation.ahead), taught)]):
+            self.pool.add_attempts(batch, seen)
         self._pending += trials  # summarized at the next rollout (train() flushes the last ones)
         if self.accelerator.is_main_process:
             write_samples(
@@ -528,6 +535,7 @@ class LanpoTrainer(GRPOTrainer):
             self._step_counts,
         )
         values.update(self.transfer.metrics())
+        values.update(worth.shown_metrics(self.pool, generation.rows))  # this process's rows; the pool is every one's
         for key, value in values.items():
             self._metrics["train"][key].append(value)
         self.retriever.stats = RetrievalStats()

@@ -175,6 +175,7 @@ HELP_GROUPS = {
         "answer_extraction",
         "verify_time_limit",
     ],
+    "LANPO: which lessons help (each pool entry's worth)": ["retrieval_rank", "pool_eviction", "pool_total_cap"],
     "Code problems (sandboxed unit-test rewards)": [
         "code_timeout",
         "code_workers",

@@ -215,10 +215,13 @@ def retrieval_setup(
         judge = LLMJudgeScorer(model, tokenizer)  # the evaluated model judges, as the policy does in training
     else:
         judge = make_scorer(scorer_name, embedding_model=run_config.get("embedding_model"))
-    retriever = Retriever(store, judge, gamma=gamma, top_k=top_k, candidates=candidates)
+    ranking = run_config.get("retrieval_rank", "similarity")
+    # the learned worth, without exploration: evaluation shows what the run found to help
+    retriever = Retriever(store, judge, gamma=gamma, top_k=top_k, candidates=candidates, ranking=ranking, explore=False)
     describe = {
         "pool": str(path),
         "pool_entries": len(store),
+        "ranking": ranking,
         "scorer": scorer_name,
         "gamma": gamma,
         "top_k": top_k,

@@ -66,10 +66,24 @@ class AbstractionSource(FeedbackSource):
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
         with self.judge() if self.judge is not None else nullcontext():
             found = self.retriever.retrieve_many([(r.problem_id, r.problem) for r in requests])
+        withheld = self.retriever.withheld or [False] * len(found)
         built = []
-        for request, hits in zip(requests, found):
-            context = build_abstraction_prompt(request.problem, [h.entry for h in hits], problem_id=request.problem_id)
-            counts["lessons_dropped"] += sum(n for why, n in context.dropped_lessons.items() if why != "same_problem")
-            shown = tuple({"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in hits)
-            built.append([Feedback(context.messages, context.reason, shown)] * request.rows)
+        for request, hits, none_helps in zip(requests, found, withheld):
+            if none_helps:  # candidates, but the ranking expects none of them to help: the rows go plain
+                built.append([Feedback(None, "nothing_expected_to_help", ())] * request.rows)
+                continue
+            # a ranking that learns from each entry's rows shows one lesson a row, so each row credits one entry;
+            # similarity shows the group's top_k together to every row (the paper's abstraction)
+            apart = self.retriever.ranking != "similarity" and hits
+            shows = [[hits[k % len(hits)]] for k in range(request.rows)] if apart else [hits] * request.rows
+            rows = []
+            for lessons in shows:
+                context = build_abstraction_prompt(
+                    request.problem, [h.entry for h in lessons], problem_id=request.problem_id
+                )
+                dropped = sum(n for why, n in context.dropped_lessons.items() if why != "same_problem")
+                counts["lessons_dropped"] += dropped if apart or not rows else 0  # the group's context once
+                shown = tuple({"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in lessons)
+                rows.append(Feedback(context.messages, context.reason, shown))
+            built.append(rows)
         return built

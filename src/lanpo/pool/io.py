@@ -1,6 +1,7 @@
 """Moving experience pools between runs and versions: JSONL export and import (``lanpo pool export|import``).
 
-An export is one header line, then one line per entry and per attempt. It is written under a temporary name and
+An export is one header line, then one line per entry (with its worth record, when it was ever shown:
+:mod:`lanpo.pool.worth`), per attempt and per problem's reflection worth. It is written under a temporary name and
 renamed when complete, and never over the pool it reads. An import adds every usable line and reports the others
 by line number and reason; nothing is half-imported (entries and attempts go in with the pool's transactions).
 """
@@ -8,11 +9,14 @@ by line number and reason; nothing is half-imported (entries and attempts go in 
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
+from dataclasses import asdict, fields
 from pathlib import Path
 
 from lanpo.pool.store import SCHEMA_VERSION, Attempt, ExperiencePool, PoolEntry, PoolError, is_sqlite_file
+from lanpo.pool.worth import Worth
 
 MAX_REPORTED = 20  # bad lines listed by number in an import report; the rest are only counted
 
@@ -29,10 +33,16 @@ def export_jsonl(pool: ExperiencePool, path: str | Path) -> int:
     with tmp.open("w", encoding="utf-8") as handle:
         handle.write(json.dumps({"type": "header", "schema_version": SCHEMA_VERSION, "format": "lanpo-pool"}) + "\n")
         lines += 1
+        records = pool.entry_worth()
         for entry in pool.iter_entries():
             data = entry.to_dict()
+            if entry.id in records:
+                data["worth"] = asdict(records[entry.id])
             data.pop("id")
             handle.write(json.dumps({"type": "entry", **data}, ensure_ascii=False) + "\n")
+            lines += 1
+        for problem_id, record in pool.reflection_worth().items():
+            handle.write(json.dumps({"type": "reflection_worth", "problem_id": problem_id, **asdict(record)}) + "\n")
             lines += 1
         for row in pool.conn.execute("SELECT problem_id, problem, text, step, created FROM attempts ORDER BY id"):
             handle.write(
@@ -74,13 +84,36 @@ def check_export(path: str | Path) -> Path:
     return path
 
 
+def _worth(data: dict) -> Worth:
+    """A worth record of an export line: every field a finite number of its kind."""
+    if not isinstance(data, dict):
+        raise ValueError("worth must be an object")
+    values = {}
+    for f in fields(Worth):
+        value = data.get(f.name, f.default)
+        whole = f.name in ("uses", "credited", "last_step")
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ValueError(f"worth field {f.name!r} must be a finite number, got {value!r}")
+        if whole and value != int(value):
+            raise ValueError(f"worth field {f.name!r} must be a whole number, got {value!r}")
+        values[f.name] = int(value) if whole else float(value)
+    return Worth(**values)
+
+
 def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
     """Every entry and attempt of an export, checked: a bad line (not JSON, not UTF-8, a missing or mistyped
     field, an unknown type, a newer schema) raises :class:`PoolError` naming the lines, so an import is all or
     nothing."""
+    return read_export_with_worth(path)[:2]
+
+
+def read_export_with_worth(path: str | Path) -> tuple[list[PoolEntry], list[Attempt], list, dict]:
+    """:func:`read_export`, with each entry's worth record (or None) and the reflection records."""
     path = check_export(path)
     entries: list[PoolEntry] = []
     attempts: list[Attempt] = []
+    records: list[Worth | None] = []
+    reflections: dict[str, Worth] = {}
     bad: list[str] = []
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, 1):
@@ -104,7 +137,14 @@ def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
                     attempts.append(_attempt(data))
                 elif kind == "entry":
                     data.pop("id", None)
+                    record = _worth(data.pop("worth")) if "worth" in data else None
                     entries.append(PoolEntry.from_dict(data))
+                    records.append(record)
+                elif kind == "reflection_worth":
+                    problem_id = data.pop("problem_id", None)
+                    if not isinstance(problem_id, str):
+                        raise ValueError("a reflection_worth line needs its problem_id")
+                    reflections[problem_id] = _worth(data)
                 else:
                     raise ValueError(f"unknown type {kind!r}")
             except UnicodeDecodeError as error:
@@ -118,12 +158,12 @@ def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
         raise PoolError(f"{path}: {len(bad)} bad line(s), nothing imported (an import is all or nothing): {shown}")
     if not entries and not attempts:
         raise PoolError(f"{path} holds no entry and no attempt: nothing to import.")
-    return entries, attempts
+    return entries, attempts, records, reflections
 
 
 def import_jsonl(pool: ExperiencePool, path: str | Path) -> dict:
-    """Add every entry and attempt of an export to ``pool`` in one transaction, or none (see :func:`read_export`).
-    Returns the counts."""
-    entries, attempts = read_export(path)
-    pool.add(entries, attempts=attempts)
+    """Add every entry and attempt of an export, with their worth records, to ``pool`` in one transaction, or none
+    (see :func:`read_export`). Returns the counts."""
+    entries, attempts, records, reflections = read_export_with_worth(path)
+    pool.add(entries, attempts=attempts, worth=records, reflection_worth=reflections)
     return {"entries": len(entries), "attempts": len(attempts)}

@@ -23,6 +23,7 @@ import numpy as np
 from lanpo.data.arith import same_problem
 from lanpo.pool.bm25 import BM25Index, entry_text
 from lanpo.pool.store import ExperiencePool, PoolEntry
+from lanpo.pool.worth import RANKINGS, SIMUTIL_FLOOR, Ranking, expected_to_help, rank
 
 # ---------------------------------------------------------------------------------------------------------------
 # Relevance scorers
@@ -236,7 +237,11 @@ class RetrievalStats:
 class Retriever:
     """BM25 candidates from the pool → relevance score → keep ``relevance >= gamma`` → best ``top_k``.
 
-    The index follows the pool: entries added or evicted through ``pool`` update it incrementally.
+    ``ranking`` orders what passed (:mod:`lanpo.pool.worth`): ``similarity`` by relevance; ``simutil`` by
+    RetroAgent's SimUtil-UCB over the candidates at relevance ≥ its floor (0.4, in place of γ); ``lift`` by each
+    entry's in-group lift, leaving out entries judged harmful and, when no candidate is expected to help, every
+    one (:attr:`withheld` says which queries). ``explore``: training's bounds and bonuses; off for evaluation. The
+    index follows the pool: entries added or evicted through ``pool`` update it incrementally.
     """
 
     def __init__(
@@ -246,8 +251,14 @@ class Retriever:
         gamma: float = 0.9,
         top_k: int = 4,
         candidates: int = 16,
+        ranking: Ranking = "similarity",
+        explore: bool = True,
         **scorer_kwargs,
     ) -> None:
+        if ranking not in RANKINGS:
+            raise ValueError(f"ranking must be one of {', '.join(RANKINGS)}, got {ranking!r}.")
+        self.ranking, self.explore = ranking, explore
+        self.withheld: list[bool] = []  # per query of the last call: candidates were there, none expected to help
         if not 0.0 <= gamma <= 1.0:
             raise ValueError(f"gamma must be in [0, 1], got {gamma}.")
         if top_k < 1 or candidates < top_k:
@@ -286,14 +297,24 @@ class Retriever:
             by_id = dict(hits)
             found.append((problem, entries, [by_id[e.id] for e in entries]))
         scored = self.scorer.score_many(found)  # also without candidates: a judge's forwards may be collective
-        results = []
+        floor = SIMUTIL_FLOOR if self.ranking == "simutil" else self.gamma
+        records = self.pool.entry_worth() if self.ranking != "similarity" else {}
+        total = self.pool.total_counts() if self.ranking == "simutil" else 0.0
+        results, self.withheld = [], []
         for (_, entries, bm25), relevance in zip(found, scored):
-            kept = [Retrieved(e, r, b) for e, r, b in zip(entries, relevance, bm25) if r >= self.gamma]
+            kept = [Retrieved(e, r, b) for e, r, b in zip(entries, relevance, bm25) if r >= floor]
             kept.sort(key=lambda x: (-x.relevance, -x.bm25))
+            withheld = False
+            if self.ranking != "similarity" and kept:
+                by_id = {x.entry.id: x for x in kept}
+                ranked = rank(self.ranking, [(x.entry.id, x.relevance) for x in kept], records, total, self.explore)
+                withheld = not expected_to_help(self.ranking, ranked)
+                kept = [] if withheld else [by_id[i] for i, _ in ranked]
             results.append(kept[: self.top_k])
+            self.withheld.append(withheld)
             self.stats.queries += 1
             self.stats.candidates += len(entries)
-            self.stats.passed += sum(r >= self.gamma for r in relevance)
+            self.stats.passed += sum(r >= floor for r in relevance)
             self.stats.hits += bool(kept)
         return results
 

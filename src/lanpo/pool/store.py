@@ -19,8 +19,8 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -88,6 +88,19 @@ class PoolEntry:
 
 
 @dataclass
+class StepWorth:
+    """What one step's rows taught (:func:`lanpo.pool.worth.observations`): entry and reflection observations."""
+
+    step: int
+    entries: list = field(default_factory=list)
+    reflections: list = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.entries and not self.reflections
+
+
+@dataclass
 class Attempt:
     """A raw attempt at a problem, kept for reflection. Deliberately without reward or correctness."""
 
@@ -99,7 +112,17 @@ class Attempt:
     id: int | None = None
 
 
-_SCHEMA = """
+WORTH_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entry_worth (
+    entry_id INTEGER PRIMARY KEY, uses INTEGER NOT NULL, credited INTEGER NOT NULL, lift_sum REAL NOT NULL,
+    lift_sq REAL NOT NULL, reward_sum REAL NOT NULL, success_ema REAL NOT NULL, last_step INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS reflection_worth (
+    problem_id TEXT PRIMARY KEY, uses INTEGER NOT NULL, credited INTEGER NOT NULL, lift_sum REAL NOT NULL,
+    lift_sq REAL NOT NULL, reward_sum REAL NOT NULL, success_ema REAL NOT NULL, last_step INTEGER NOT NULL);
+"""
+
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS entries (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -114,6 +137,13 @@ CREATE TABLE IF NOT EXISTS attempts (
     created REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS attempts_problem ON attempts (problem_id, id);
 """
+    + WORTH_SCHEMA
+)
+
+# Each entry's worth and each problem's reflection worth (lanpo.pool.worth): numbers and ids only. Pools made before
+# these tables get them, empty, the first time they are opened for writing; read-only, they read as empty.
+WORTH_COLUMNS = "uses, credited, lift_sum, lift_sq, reward_sum, success_ema, last_step"
+WORTH_TABLES = ("entry_worth", "reflection_worth")
 
 _ENTRY_COLUMNS = (
     "id",
@@ -163,9 +193,12 @@ class ExperiencePool:
 
     Args:
         path: database file, a run directory, or ``":memory:"``.
-        cap_per_problem: entries kept per problem; inserting more evicts the oldest.
+        cap_per_problem: entries kept per problem; inserting more evicts by ``eviction``.
         attempts_per_problem: raw attempts kept per problem for reflection.
         readonly: open without the right to write (evaluation, inspection); the file must exist.
+        eviction: ``oldest``, or ``worth``: first the entries judged not to help (lowest mean lift first), then the
+            oldest of those too young to judge (:data:`lanpo.pool.worth.MIN_USES`), an entry judged to help last.
+        total_cap: entries kept in the whole pool (0: none beyond the per-problem cap).
     """
 
     def __init__(
@@ -174,9 +207,14 @@ class ExperiencePool:
         cap_per_problem: int = DEFAULT_CAP,
         attempts_per_problem: int = DEFAULT_ATTEMPTS_CAP,
         readonly: bool = False,
+        eviction: str = "oldest",
+        total_cap: int = 0,
     ) -> None:
         if cap_per_problem < 1 or attempts_per_problem < 1:
             raise ValueError("cap_per_problem and attempts_per_problem must be >= 1")
+        if eviction not in ("oldest", "worth") or total_cap < 0:
+            raise ValueError(f"eviction must be oldest or worth and total_cap >= 0, got {eviction!r}, {total_cap}.")
+        self.eviction, self.total_cap = eviction, total_cap
         self.cap_per_problem = cap_per_problem
         self.attempts_per_problem = attempts_per_problem
         self.readonly = readonly
@@ -221,6 +259,9 @@ class ExperiencePool:
                 if self.conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
                     self.conn.execute("PRAGMA journal_mode=WAL")
                 self.conn.execute("PRAGMA synchronous=NORMAL")
+                if not self._has_worth():  # a pool made before the worth tables: they start empty
+                    with self.conn:
+                        self.conn.executescript(WORTH_SCHEMA)
         except sqlite3.DatabaseError as error:
             raise PoolError(f"{self.path} could not be opened as an experience pool: {error}") from error
 
@@ -242,7 +283,7 @@ class ExperiencePool:
             if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
                 return False  # another application's database, empty or not: never ours to delete
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if not tables <= {"meta", "entries", "attempts", "sqlite_sequence"}:
+            if not tables <= {"meta", "entries", "attempts", "sqlite_sequence", *WORTH_TABLES}:
                 return False
             if "meta" in tables and conn.execute("SELECT 1 FROM meta WHERE key='schema_version'").fetchone():
                 return False
@@ -338,12 +379,20 @@ class ExperiencePool:
         if self.readonly:
             raise PoolError(f"The pool {self.path} was opened read-only.")
 
-    def add(self, entries: Iterable[PoolEntry], _notify: bool = True, attempts: Iterable[Attempt] = ()) -> list[int]:
+    def add(
+        self,
+        entries: Iterable[PoolEntry],
+        _notify: bool = True,
+        attempts: Iterable[Attempt] = (),
+        worth: Sequence | None = None,
+        reflection_worth: dict | None = None,
+    ) -> list[int]:
         """Insert entries (and ``attempts``) in one transaction, all or none; evict the oldest beyond the
-        per-problem caps. Returns the entries' new ids."""
+        per-problem caps. Returns the entries' new ids. ``worth`` (one :class:`lanpo.pool.worth.Worth` or None per
+        entry) and ``reflection_worth`` (problem id -> Worth) carry records an import brings along."""
         self._writable()
         entries, attempts = list(entries), list(attempts)
-        if not entries and not attempts:
+        if not entries and not attempts and not reflection_worth:
             return []
         rows = [
             (
@@ -370,6 +419,17 @@ class ExperiencePool:
                 rows,
             )
             ids = [r[0] for r in self.conn.execute("SELECT id FROM entries WHERE id > ? ORDER BY id", (start,))]
+            if worth is not None:
+                self.conn.executemany(
+                    f"INSERT OR REPLACE INTO entry_worth (entry_id, {WORTH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(i, *astuple(w)) for i, w in zip(ids, worth) if w is not None],
+                )
+            if reflection_worth:
+                self.conn.executemany(
+                    f"INSERT OR REPLACE INTO reflection_worth (problem_id, {WORTH_COLUMNS}) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(k, *astuple(w)) for k, w in reflection_worth.items()],
+                )
             evicted = self._evict("entries", {e.problem_id for e in entries}, self.cap_per_problem)
             if attempts:
                 self._insert_attempts(attempts)
@@ -386,27 +446,115 @@ class ExperiencePool:
 
     def _evict(self, table: str, problem_ids: set[str], cap: int) -> list[int]:
         evicted: list[int] = []
-        for pid in problem_ids:
-            ids = [
-                r[0]
-                for r in self.conn.execute(
-                    f"SELECT id FROM {table} WHERE problem_id = ? ORDER BY id DESC LIMIT -1 OFFSET ?", (pid, cap)
-                )
-            ]
+        by_worth = table == "entries" and self.eviction == "worth"
+        scopes = [("WHERE problem_id = ?", (pid,), cap) for pid in problem_ids]  # (filter, its values, the cap)
+        if table == "entries" and self.total_cap:
+            scopes.append(("", (), self.total_cap))  # the whole pool, after each problem's share
+        for where, params, limit in scopes:
+            if by_worth:
+                ids = self._least_worth(where, params, limit)
+            else:
+                ids = [
+                    r[0]
+                    for r in self.conn.execute(
+                        f"SELECT id FROM {table} {where} ORDER BY id DESC LIMIT -1 OFFSET ?", (*params, limit)
+                    )
+                ]
             if ids:
                 self.conn.executemany(f"DELETE FROM {table} WHERE id = ?", [(i,) for i in ids])
+                if table == "entries" and self._has_worth():  # an entry's record goes with it
+                    self.conn.executemany("DELETE FROM entry_worth WHERE entry_id = ?", [(i,) for i in ids])
                 evicted += ids
         return evicted
 
-    def add_attempts(self, attempts: Iterable[Attempt]) -> None:
-        """Store raw attempts (text only) for reflection, keeping the newest per problem."""
+    def _least_worth(self, where: str, params: tuple, cap: int) -> list[int]:
+        """The entries past ``cap`` (of a problem, or of the whole pool) to evict by worth: first those judged
+        (:data:`lanpo.pool.worth.MIN_USES` credited rows) not to help, lowest mean lift first; then the oldest of
+        those too young to judge; an entry judged to help goes last."""
+        from lanpo.pool.worth import MIN_USES
+
+        ids = [r[0] for r in self.conn.execute(f"SELECT id FROM entries {where} ORDER BY id", params)]
+        excess = len(ids) - cap
+        if excess <= 0:
+            return []
+        records = self._worth("entry_worth", "entry_id", ids) if self._has_worth() else {}
+        judged = {i: records[i].mean_lift for i in ids if i in records and records[i].credited >= MIN_USES}
+        order = sorted((i for i in judged if judged[i] <= 0), key=lambda i: (judged[i], i))
+        order += [i for i in ids if i not in judged]  # oldest first
+        order += sorted((i for i in judged if judged[i] > 0), key=lambda i: (judged[i], i))
+        return order[:excess]
+
+    def add_attempts(self, attempts: Iterable[Attempt], worth: StepWorth | None = None) -> None:
+        """Store raw attempts (text only) for reflection, keeping the newest per problem; with ``worth``, what the
+        step's rows taught about the entries and reflections they were shown, in the same transaction."""
         self._writable()
         attempts = list(attempts)
-        if not attempts:
+        if not attempts and (worth is None or worth.empty):
             return
         with self.conn:
             self.conn.execute("BEGIN IMMEDIATE")
-            self._insert_attempts(attempts)
+            if attempts:
+                self._insert_attempts(attempts)
+            if worth is not None and not worth.empty:
+                self._record_worth(worth)
+
+    # -- worth (lanpo.pool.worth) ------------------------------------------------------------------------------
+
+    def _has_worth(self) -> bool:
+        found = self.conn.execute(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type='table' AND name IN ('entry_worth', 'reflection_worth')"
+        ).fetchone()[0]
+        return found == 2
+
+    def _record_worth(self, worth: StepWorth) -> None:
+        from lanpo.pool.worth import fold
+
+        live = {r[0] for r in self._in("SELECT id FROM entries WHERE id IN", [o.key for o in worth.entries])}
+        for table, key, found in (
+            ("entry_worth", "entry_id", [o for o in worth.entries if o.key in live]),  # an evicted entry: no record
+            ("reflection_worth", "problem_id", worth.reflections),
+        ):
+            if not found:
+                continue
+            before = self._worth(table, key, list({o.key for o in found}))
+            after = fold(before, found, worth.step)
+            self.conn.executemany(
+                f"INSERT OR REPLACE INTO {table} ({key}, {WORTH_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [(k, *astuple(w)) for k, w in after.items()],
+            )
+
+    def _in(self, query: str, keys: list) -> list[tuple]:
+        rows = []
+        for start in range(0, len(keys), 500):
+            chunk = keys[start : start + 500]
+            rows += self.conn.execute(f"{query} ({','.join('?' * len(chunk))})", chunk).fetchall()
+        return rows
+
+    def _worth(self, table: str, key: str, keys: list | None) -> dict:
+        from lanpo.pool.worth import Worth
+
+        if not self._has_worth():
+            return {}
+        query = f"SELECT {key}, {WORTH_COLUMNS} FROM {table}"
+        rows = self.conn.execute(query).fetchall() if keys is None else self._in(query + f" WHERE {key} IN", keys)
+        return {r[0]: Worth(*r[1:]) for r in rows}
+
+    def entry_worth(self, ids: Iterable[int] | None = None) -> dict:
+        """Entry id -> :class:`lanpo.pool.worth.Worth` of the entries that were ever shown (all, or ``ids``)."""
+        return self._worth("entry_worth", "entry_id", None if ids is None else list(ids))
+
+    def reflection_worth(self, problem_ids: Iterable[str] | None = None) -> dict:
+        """Problem id -> :class:`lanpo.pool.worth.Worth` of its reflection rows."""
+        return self._worth("reflection_worth", "problem_id", None if problem_ids is None else list(problem_ids))
+
+    def total_counts(self) -> float:
+        """RetroAgent's N: the sum over entries of their counts (uses, plus the 1 an entry is made with)."""
+        shown = (
+            self.conn.execute("SELECT COALESCE(SUM(uses), 0) FROM entry_worth").fetchone()[0]
+            if (self._has_worth())
+            else 0
+        )
+        return float(shown + len(self))
 
     def _insert_attempts(self, attempts: list[Attempt]) -> None:
         self.conn.executemany(
@@ -504,6 +652,9 @@ class ExperiencePool:
             h.update(json.dumps(row).encode())
         for row in self.conn.execute("SELECT problem_id, text, step FROM attempts ORDER BY id"):
             h.update(json.dumps(row).encode())
+        for table in WORTH_TABLES if self._has_worth() else ():  # the worth records, numbers as stored
+            for row in self.conn.execute(f"SELECT * FROM {table} ORDER BY 1"):
+                h.update(json.dumps(row).encode())
         return h.hexdigest()
 
     # -- moving pools around ----------------------------------------------------------------------------------

@@ -22,6 +22,12 @@ METRICS: dict[str, str] = {
     "accuracy/<kind>/mean": "share of rows of a kind whose answer the verifier credits",
     "completions/truncated/<kind>": "share of scratch / feedback rows that reached their length limit",
     "lanpo/feedback_lift": "accuracy of feedback rows minus that of the scratch rows of the same groups",
+    "pool/worth/shown_mean_lift": "mean lift (reward minus its group's scratch mean, shrunk) of the pool entries this "
+    "step's abstraction rows were shown, as it stood when they were shown",
+    "pool/worth/shown_helping_share": "of the entries this step's abstraction rows were shown, the share whose mean "
+    "lift was above 0",
+    "pool/worth/entries_judged": "pool entries credited with enough rows to judge (lanpo.pool.worth.MIN_USES)",
+    "pool/worth/harmful": "of those, the entries whose upper bound of lift is below 0 (the lift ranking hides them)",
     "lanpo/feedback_lift/<kind>": "the same, for the feedback rows of one source (reflection, abstraction, reference, "
     "gold, self-hint)",
     "lanpo/transfer": "of the problems first solved only by a feedback row (no scratch row right before), the share "
