@@ -18,10 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lanpo.data.code_tasks import FAMILIES, code_tasks
-from lanpo.data.loaders import expected_constants, load_problems
+from lanpo.data.code_tasks import FAMILIES, code_tasks, expected_constants
+from lanpo.data.loaders import load_problems
 from lanpo.verify import cgroups
 from lanpo.verify.cgroups import MemoryBound, own_groups
+from lanpo.verify.code import mem_available_mb
 from lanpo.verify.sandbox import CodeTests, Limits, Sandbox
 
 needs_bwrap = pytest.mark.skipif(
@@ -37,11 +38,9 @@ BOUND_MB = 256
 # below takes 720-880 MB within the default process limit.
 OVERHEAD_MB = 300
 
-# Code a policy could write that takes memory through more than one process: each piece stays under the
-# per-process limit, the run as a whole would take 1.2-1.6 GB without a bound on the whole.
-FILLERS = {
-    "fork and fill": """
-import os, time
+# Up to 8 forked children each fill a block of their own (every page touched), until the process limit stops them.
+FORK_EACH = """
+import mmap, os, time
 for _ in range(8):
     try:
         child = os.fork()
@@ -49,15 +48,19 @@ for _ in range(8):
         break
     if child == 0:
         try:
-            block = bytearray(220 * 1024 * 1024)
+            block = {fill}
             for i in range(0, len(block), 4096):
                 block[i] = 1
-        except MemoryError:
+        except (OSError, MemoryError, ValueError):
             pass
         time.sleep(2.5)
         os._exit(0)
 time.sleep(2.5)
-""",
+"""
+# Code a policy could write that takes memory through more than one process: each piece stays under the
+# per-process limit, the run as a whole would take 1.2-1.6 GB without a bound on the whole.
+FILLERS = {
+    "fork and fill": FORK_EACH.format(fill="bytearray(220 * 1024 * 1024)"),
     "threads that fill": """
 import threading, time
 held = []
@@ -98,33 +101,11 @@ time.sleep(3)
 subprocess.Popen([sys.executable, '-c', CHILD, '1', CHILD])
 time.sleep(3)
 """,
-    "anonymous maps": """
-import mmap, os, time
-for _ in range(8):
-    try:
-        child = os.fork()
-    except OSError:  # the process limit
-        break
-    if child == 0:
-        try:
-            area = mmap.mmap(-1, 180 * 1024 * 1024, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)
-            for i in range(0, len(area), 4096):
-                area[i] = 1
-        except (OSError, MemoryError, ValueError):
-            pass
-        time.sleep(2.5)
-        os._exit(0)
-time.sleep(2.5)
-""",
+    "anonymous maps": FORK_EACH.format(
+        fill="mmap.mmap(-1, 180 * 1024 * 1024, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)"
+    ),
 }
 KILLED_BY_THE_GROUP = {"fork and fill", "a chain of subprocesses", "anonymous maps"}  # the threads meet RLIMIT_AS
-
-
-def mem_available_mb() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no MemAvailable in /proc/meminfo")
 
 
 def largest_drop_mb(work) -> tuple[float, object]:

@@ -34,10 +34,12 @@ from urllib.parse import parse_qsl
 
 from lanpo.data.arith import arith_problems
 from lanpo.data.code_tasks import (
+    TRIVIAL_BODIES,
     code_problem_text,
     code_tasks,
     defines,
     entry_point_of,
+    expected_constants,
     helpers_of,
     humaneval_rows,
     preamble_of,
@@ -504,40 +506,6 @@ def code_rows_to_problems(
         stats.kept -= len(unfit)
     stats.warn(source)
     return problems
-
-
-# Functions no test suite may pass: each constant here, and the identity of the first argument.
-TRIVIAL_BODIES = {
-    **{f"the constant {value!r}": f"return {value!r}" for value in (None, True, False, 0, 1, "", [])},
-    "the identity of the first argument": "return args[0] if args else None",
-}
-
-
-MAX_EXPECTED_CONSTANTS = 8  # values a test program compares the function's results with, each tried as a constant
-
-
-def expected_constants(check: str) -> list:
-    """The literal values a test program compares a call's result with (``assert f(2) == 4``: 4), read from its
-    syntax, never run: each is tried as a constant function too (a suite of ``== 4`` lines is passed by one)."""
-    import ast
-
-    try:
-        tree = ast.parse(check)
-    except (SyntaxError, ValueError):
-        return []
-    found: list = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Compare) or len(node.ops) != 1 or not isinstance(node.ops[0], ast.Eq | ast.Is):
-            continue
-        for call, other in ((node.left, node.comparators[0]), (node.comparators[0], node.left)):
-            if isinstance(call, ast.Call):
-                try:
-                    value = ast.literal_eval(other)
-                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                    continue
-                if value not in found and len(repr(value)) < 1000:
-                    found.append(value)
-    return found[:MAX_EXPECTED_CONSTANTS]
 
 
 def _tests_that_cannot_judge(problems: list[Problem]) -> dict[str, str]:

@@ -67,23 +67,23 @@ class AbstractionSource(FeedbackSource):
         with self.judge() if self.judge is not None else nullcontext():
             found = self.retriever.retrieve_many([(r.problem_id, r.problem) for r in requests])
         withheld = self.retriever.withheld or [False] * len(found)
+        # a ranking that learns from each entry's rows shows one lesson a row, so each row credits one entry;
+        # similarity shows the group's top_k together to every row (the paper's abstraction)
+        apart = self.retriever.ranking != "similarity"
         built = []
         for request, hits, none_helps in zip(requests, found, withheld):
             if none_helps:  # candidates, but the ranking expects none of them to help: the rows go plain
-                built.append([Feedback(None, "nothing_expected_to_help", ())] * request.rows)
-                continue
-            # a ranking that learns from each entry's rows shows one lesson a row, so each row credits one entry;
-            # similarity shows the group's top_k together to every row (the paper's abstraction)
-            apart = self.retriever.ranking != "similarity" and hits
-            shows = [[hits[k % len(hits)]] for k in range(request.rows)] if apart else [hits] * request.rows
-            rows = []
-            for lessons in shows:
-                context = build_abstraction_prompt(
-                    request.problem, [h.entry for h in lessons], problem_id=request.problem_id
-                )
-                dropped = sum(n for why, n in context.dropped_lessons.items() if why != "same_problem")
-                counts["lessons_dropped"] += dropped if apart or not rows else 0  # the group's context once
-                shown = tuple({"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in lessons)
-                rows.append(Feedback(context.messages, context.reason, shown))
-            built.append(rows)
+                built.append([Feedback(None, "nothing_expected_to_help")] * request.rows)
+            elif apart and hits:
+                built.append([self._feedback(request, [hits[k % len(hits)]], counts) for k in range(request.rows)])
+            else:
+                built.append([self._feedback(request, hits, counts)] * request.rows)
         return built
+
+    @staticmethod
+    def _feedback(request: FeedbackRequest, hits: list, counts: Counter) -> Feedback:
+        """The abstraction context showing ``hits`` (lessons it had to drop counted)."""
+        context = build_abstraction_prompt(request.problem, [h.entry for h in hits], problem_id=request.problem_id)
+        counts["lessons_dropped"] += sum(n for why, n in context.dropped_lessons.items() if why != "same_problem")
+        shown = tuple({"entry_id": h.entry.id, "relevance": round(float(h.relevance), 4)} for h in hits)
+        return Feedback(context.messages, context.reason, shown)

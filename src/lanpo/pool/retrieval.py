@@ -298,7 +298,8 @@ class Retriever:
             found.append((problem, entries, [by_id[e.id] for e in entries]))
         scored = self.scorer.score_many(found)  # also without candidates: a judge's forwards may be collective
         floor = SIMUTIL_FLOOR if self.ranking == "simutil" else self.gamma
-        records = self.pool.entry_worth() if self.ranking != "similarity" else {}
+        candidate_ids = {e.id for _, entries, _ in found for e in entries}
+        records = self.pool.entry_worth(candidate_ids) if self.ranking != "similarity" else {}
         total = self.pool.total_counts() if self.ranking == "simutil" else 0.0
         results, self.withheld = [], []
         for (_, entries, bm25), relevance in zip(found, scored):
