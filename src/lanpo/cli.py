@@ -28,7 +28,7 @@ COMMANDS = {
         "lanpo.commands.gate",
         "before a feedback_route score grid: does a context tell right rollouts from wrong when it only scores them",
     ),
-    "pool": ("lanpo.commands.pool", "inspect and move experience pools: stats, show, export, import"),
+    "pool": ("lanpo.commands.pool", "inspect, audit and move experience pools: stats, show, audit, export, import"),
     "compare": ("lanpo.commands.compare", "compare runs (e.g. LANPO vs GRPO): markdown table and PNG plots"),
     "report": (
         "lanpo.commands.report",

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 MAX_ENTRIES = 5000
 MAX_GROUPS = 600
 MAX_ATTEMPTS = 5000
+MAX_AUDIT = 100_000  # pool entries the audit section reads (the newest; the page says when it cut)
 MAX_TEXT = 4000  # characters of one prompt, completion or attempt kept in the page (the rest is marked as cut)
 
 # (title, metric keys): one chart each; a key "a*b" takes every logged metric that starts with a and contains b
@@ -139,6 +140,8 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
         stats = pool.stats()
         entries = pool.entries(limit=MAX_ENTRIES, newest=True)
         attempts = pool.attempts(None, limit=MAX_ATTEMPTS)
+        audited = pool.entries(limit=MAX_AUDIT, newest=True) if stats["entries"] > MAX_ENTRIES else entries
+        worth = pool.entry_worth()
     used: dict[int, list] = {}  # entry id → [step, problem_id, relevance] of the prompts that retrieved it
     for record in retrievals:
         for hit in record.get("retrieved") or []:
@@ -171,6 +174,27 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
         "attempts": [{"problem_id": a.problem_id, "text": _cut(a.text), "step": a.step} for a in attempts],
         "total_entries": stats["entries"],
         "total_attempts": stats["attempts"],
+        "audit": _audit(audited, worth, retrievals),
+    }
+
+
+def _audit(entries: list, worth: dict, retrievals: list[dict], points: int = 400) -> dict:
+    """The pool audit's figures (:mod:`lanpo.pool.audit`, without golds: the answers check counts answer
+    statements only), each credited entry's lift with its interval sorted (at most ``points``, evenly spread), and
+    the retrieval concentration curve."""
+    from lanpo.pool.audit import audit_pool, concentration_curve
+
+    audit = audit_pool(entries, worth, None, retrievals, sample=0)
+    lifts = sorted(([e.lift, e.low, e.high] for e in audit.entries if e.lift is not None), key=lambda v: v[0])
+    if len(lifts) > points:
+        lifts = [lifts[round(i * (len(lifts) - 1) / (points - 1))] for i in range(points)]
+    x, y = concentration_curve(audit.retrieval_counts)
+    return {
+        "summary": audit.summary(),
+        "audited": len(entries),
+        "lifts": lifts,
+        "concentration": [[a, b] for a, b in zip(x, y)],
+        "repeated": audit.repeated[:10],
     }
 
 

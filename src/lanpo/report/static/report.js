@@ -209,6 +209,80 @@ function entryCard(e) {
   return c;
 }
 
+// The pool audit (lanpo pool audit's figures, golds aside): are the lessons transferable, repeated, answer-free;
+// which of them helped (each credited entry's in-group lift with its 95% interval); how concentrated retrieval is.
+function auditCard(audit, total) {
+  const card = el("div", { className: "card pool-audit" });
+  const s = audit && audit.summary;
+  card.appendChild(el("h3", {}, "Audit"));
+  if (!s || !s.entries) {
+    card.appendChild(el("div", { className: "muted" }, "no entries to audit"));
+    return card;
+  }
+  const pct = (v) => (v === null || v === undefined ? "—" : `${(100 * v).toFixed(1)}%`);
+  const r = s.readings || {};
+  const rows = [
+    ["entries / problems / lessons", `${s.entries} / ${s.problems} / ${s.lessons}`],
+    ["specificity (lessons repeating their problem's numbers or names)", pct(s.mean_specificity)],
+    ["problem-specific entries (half their lessons or more)", pct(s.specific_entries)],
+    ["lessons stating an answer or holding code", s.answers_stated],
+    ["lessons repeated across problems", pct(s.repeated_lesson_share)],
+    ["boilerplate entries", pct(s.boilerplate_entries)],
+    ["words per lesson / lessons per entry", `${fmt(s.words_per_lesson)} / ${fmt(s.lessons_per_entry)}`],
+    ["entries shown / credited with lift", `${s.shown} / ${s.credited}`],
+    ["mean lift of credited entries", fmt(s.mean_lift)],
+    ["helped / hurt / unclear (95% interval)", `${r.helped || 0} / ${r.hurt || 0} / ${r.unclear || 0}`],
+    ["retrievals taken by the top 10% of entries", `${pct(s.top10_share)} of ${s.retrievals}`],
+  ];
+  card.appendChild(
+    el(
+      "table",
+      {},
+      rows.map(([k, v]) => `<tr><td>${esc(k)}</td><td>${typeof v === "string" ? v : fmt(v)}</td></tr>`).join(""),
+    ),
+  );
+  if (audit.audited < total)
+    card.appendChild(el("div", { className: "note" }, `Audit of the newest ${audit.audited} of ${total} entries.`));
+  const grid = el("div", { className: "grid" });
+  const lifts = audit.lifts.map((v, i) => [i, v[0], v[1] ?? v[0], v[2] ?? v[0]]);
+  grid.appendChild(
+    chart(
+      "Lift per credited entry, sorted (95% interval)",
+      [
+        { label: "mean lift", points: lifts.map((v) => [v[0], v[1]]), color: COLORS[0], dash: "" },
+        { label: "low", points: lifts.map((v) => [v[0], v[2]]), color: COLORS[6], dash: "2 3" },
+        { label: "high", points: lifts.map((v) => [v[0], v[3]]), color: COLORS[6], dash: "2 3" },
+      ],
+      "no entry credited with lift (the pool has no worth records, or nothing was shown)",
+    ),
+  );
+  grid.appendChild(
+    chart(
+      "Retrievals (%) taken by the top entries (%)",
+      [
+        {
+          label: "most retrieved first",
+          points: audit.concentration.map((p) => [100 * p[0], 100 * p[1]]),
+          color: COLORS[2],
+          dash: "",
+        },
+      ],
+      "no retrieval recorded",
+    ),
+  );
+  card.appendChild(grid);
+  if (audit.repeated.length)
+    card.appendChild(
+      el(
+        "div",
+        { className: "muted" },
+        "Most repeated across problems: " +
+          audit.repeated.map(([text, n]) => `&ldquo;${esc(text)}&rdquo; (${n} problems)`).join("; "),
+      ),
+    );
+  return card;
+}
+
 function poolTab(main) {
   DATA.runs.forEach((run) => {
     const pool = run.pool,
@@ -221,6 +295,7 @@ function poolTab(main) {
       box.appendChild(
         el("div", { className: "note" }, `Showing the newest ${pool.entries.length} of ${pool.total_entries} entries.`),
       );
+    if (pool.audit) box.appendChild(auditCard(pool.audit, pool.total_entries));
     const search = el("input", {
       type: "search",
       placeholder: "search entries (problem, flow, principles, pitfalls)",
