@@ -7,7 +7,11 @@ templated math word problems plus principles drawn from a Zipf-distributed vocab
   rate includes keeping the BM25 index up to date (and, separately, the SQLite store alone);
 * retrieval: `Retriever.retrieve` (BM25 candidates, excluding the query's own problem, fetch from SQLite, bm25
   relevance, γ = 0, top-8) for 300 queries; p50 / p99 in ms;
-* memory: peak resident set size of the process.
+* memory: peak resident set size of the process;
+* rankings (``retrieval_rank``, lanpo.pool.worth): a tenth of the entries get worth records (1 to 12 uses each,
+  lifts drawn from -1..1), then the same queries are retrieved under ``similarity``, ``simutil`` and ``lift``, one
+  after another for each query (the same index, the same candidates), p50 / p99 in ms each, and each ranking's p99
+  over similarity's.
 
     python benchmarks/pool_bench.py [--sizes 10000,100000,1000000]
 """
@@ -94,6 +98,7 @@ def run_size(n: int, queries: int) -> dict:
             assert len(found) <= 8
         latencies.sort()
         search_only.sort()
+        rankings = time_rankings(pool, retriever, probes, n, random.Random(2))
         result = {
             "entries": len(pool),
             "insert_entries_per_s_with_index": round(insert_rate),
@@ -104,9 +109,43 @@ def run_size(n: int, queries: int) -> dict:
             "bm25_search_ms_p99": round(search_only[int(0.99 * (len(search_only) - 1))], 2),
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "file_mb": round(sum(p.stat().st_size for p in Path(tmp).glob("pool.sqlite*")) / 2**20),
+            **rankings,
         }
         pool.close()
         return result
+
+
+def time_rankings(pool, retriever, probes, n: int, rng: random.Random) -> dict:
+    """Retrieval latency under each ranking, the rankings taking turns query by query, after a tenth of the
+    entries got worth records; each ranking's p99 over similarity's."""
+    from lanpo.pool.store import StepWorth
+    from lanpo.pool.worth import RANKINGS, Observation
+
+    ids = [e.id for e in pool.iter_entries()]
+    shown = rng.sample(ids, max(1, len(ids) // 10))
+    for start in range(0, len(shown), 10_000):
+        seen = [
+            Observation(i, rng.choice((-1.0, -0.5, 0.0, 0.5, 1.0)), rng.random(), rng.random() < 0.3)
+            for i in shown[start : start + 10_000]
+            for _ in range(rng.randint(1, 12))
+        ]
+        pool.add_attempts([], StepWorth(1, seen, []))
+    times: dict[str, list[float]] = {r: [] for r in RANKINGS}
+    for e in probes:
+        problem_id = f"p{rng.randrange(n // 4)}"
+        for ranking in RANKINGS:  # the same query under each, in turn
+            retriever.ranking = ranking
+            start = time.perf_counter()
+            retriever.retrieve(problem_id, e.problem)
+            times[ranking].append((time.perf_counter() - start) * 1000)
+    retriever.ranking = "similarity"
+    p99 = {r: sorted(t)[int(0.99 * (len(t) - 1))] for r, t in times.items()}
+    out = {"entries_with_worth": len(shown)}
+    for ranking, t in times.items():
+        out[f"{ranking}_top8_ms_p50"] = round(statistics.median(t), 2)
+        out[f"{ranking}_top8_ms_p99"] = round(p99[ranking], 2)
+        out[f"{ranking}_p99_over_similarity"] = round(p99[ranking] / p99["similarity"], 3)
+    return out
 
 
 def main() -> None:

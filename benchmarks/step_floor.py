@@ -23,7 +23,9 @@ to, summaries), not how the step is run.
 Arms (``--arms``): ``grpo-trl`` (p_t = 0 as TRL runs it: its fused LM head, its old log-probability pass under
 vLLM: before); ``grpo-compact`` (``logprob_head compact``); ``grpo`` (compact and ``old_logps_from_loss``: after);
 ``lanpo`` (the paper's defaults, with both); ``lanpo-ahead`` (the same, ``reflection_source ahead``: the next
-step's problems attempted in this step's batch, so reflection needs no second phase after step 1) and ``unsolved``
+step's problems attempted in this step's batch, so reflection needs no second phase after step 1); ``lanpo-lift`` and
+``lanpo-simutil`` (``retrieval_rank lift`` / ``simutil``, verdict-worth.yaml's arms: each entry's worth, its
+bookkeeping and ranking, is also timed apart, as a share of each step, in every arm that does it) and ``unsolved``
 (``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered);
 ``score-additive`` and ``score-contrastive`` (``feedback_route score``: GRPO's rows, each read by the start model
 under its gold answer, with 2 wrong answers too under the contrastive form: the teacher pass is timed apart; the
@@ -69,6 +71,8 @@ ARMS = (
     "grpo",
     "lanpo",
     "lanpo-ahead",
+    "lanpo-lift",
+    "lanpo-simutil",
     "unsolved",
     "score-additive",
     "score-contrastive",
@@ -139,6 +143,8 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
         cli += ["--feedback_trigger", "unsolved"]
     if arm == "lanpo-ahead":
         cli += ["--reflection_source", "ahead"]
+    if arm in ("lanpo-lift", "lanpo-simutil"):  # verdict-worth.yaml's arms
+        cli += ["--retrieval_rank", arm.removeprefix("lanpo-")]
     cli += ["--logprob_head", "trl" if arm == "grpo-trl" else "compact"]
     cli += ["--old_logps_from_loss", str(arm not in ("grpo-trl", "grpo-compact")).lower()]
     return cli
@@ -154,6 +160,8 @@ class Clock:
         self.steps: list[dict[str, float]] = []
         self.floors: list[dict[str, float]] = []  # each step's floor, on that step's batch, after the step
         self.saves: list[float] = []
+        self.worth = 0.0  # seconds of the step at hand in each entry's worth (lanpo.pool.worth)
+        self.worth_steps: list[float] = []
         self.batch: dict | None = None
         self.generated: list[tuple[list[int], int]] = []  # this step's generated rows: (prompt ids, new tokens)
         self.one_call: list[float] = []  # each step's rows generated again in one call (its own floor's generation)
@@ -212,6 +220,38 @@ class Clock:
 
             return wrapper
 
+        # each entry's worth (lanpo.pool.worth): the step's observations, their pool write, the step's metrics, and
+        # the ranking's reads of the records and its order; counted once where one call holds another
+        import lanpo.pool.retrieval
+        import lanpo.pool.worth
+        from lanpo.pool.store import ExperiencePool
+
+        inside = [0]
+
+        def worth_part(function):
+            def wrapper(*args, **kwargs):
+                inside[0] += 1
+                start = time.perf_counter()
+                try:
+                    return function(*args, **kwargs)
+                finally:
+                    inside[0] -= 1
+                    if not inside[0]:  # apart from the parts: it lies inside retrieval and "other"
+                        clock.worth += time.perf_counter() - start
+
+            return wrapper
+
+        for owner, name in (
+            (lanpo.pool.worth, "observations"),
+            (lanpo.pool.worth, "shown_metrics"),
+            (lanpo.pool.retrieval, "rank"),
+            (lanpo.pool.retrieval, "expected_to_help"),
+            (ExperiencePool, "_record_worth"),
+            (ExperiencePool, "entry_worth"),
+            (ExperiencePool, "judged_worth"),
+            (ExperiencePool, "total_counts"),
+        ):
+            setattr(owner, name, worth_part(getattr(owner, name)))
         trainer._generate_ids = recorded(trainer._generate_ids)
         trainer._generate_single_turn = recorded(trainer._generate_single_turn)
         trainer.accelerator.backward = timed(lambda *a, **k: "backward", trainer.accelerator.backward)
@@ -245,6 +285,8 @@ class Clock:
 
             def on_step_end(self, *args, **kwargs):
                 clock.steps.append(dict(clock.parts))
+                clock.worth_steps.append(clock.worth)
+                clock.worth = 0.0
                 clock.parts.clear()
                 clock.floors.append(floor(trainer, clock.batch))
                 clock.one_call.append(generate_in_one_call(trainer, clock.generated))
@@ -375,6 +417,7 @@ def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "use_vllm": bool(config.use_vllm),
         "one_call_generation": clock.one_call,
+        "worth_s": clock.worth_steps,
     }
     if device == "cuda":
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -463,6 +506,11 @@ def summarize(runs: dict[str, dict]) -> dict:
             "seconds": round(gap, 2),
             "shares": {k: round(v / gap, 3) for k, v in excess.items()} if gap > 0 else "none: at or below the floor",
         }
+    for arm, run in runs.items():  # each entry's worth: its share of each step, against the ≤ 1% target
+        if any(run.get("worth_s", [])):
+            ratios[f"{arm}: each entry's worth (bookkeeping + ranking) / step, steps 2..N"] = spread(
+                [w / t for w, t in zip(run["worth_s"][later], run["step_time"][later])]
+            )
     # every arm with its generation in one call: the step's time less the seconds its rows took to generate in the
     # step (rollout, feedback phases, riding summaries), plus the seconds the same rows take in one call, each to its
     # own length. What is left of an arm's cost over GRPO's then is the method's own work (more rows and tokens to

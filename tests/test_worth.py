@@ -25,6 +25,7 @@ from lanpo.pool.worth import (
     observations,
     rank,
     row_lifts,
+    shown_metrics,
     simutil_score,
 )
 from lanpo.rollout import Row
@@ -331,3 +332,22 @@ def test_a_run_under_a_learned_ranking_credits_the_entries_it_showed_and_logs_th
     assert sum(w.uses for w in records.values()) >= len(records)
     assert trainer.pool.reflection_worth()  # reflection rows are kept per problem
     assert history(trainer, "pool/worth/entries_judged")
+
+
+@settings(max_examples=25, deadline=None)
+@given(uses=st.lists(st.tuples(st.integers(0, 2 * MIN_USES), st.floats(-1, 1)), min_size=1, max_size=8))
+def test_the_step_metrics_read_only_the_judged_and_shown_records_and_equal_a_reading_of_all(tmp_path_factory, uses):
+    pool = ExperiencePool(tmp_path_factory.mktemp("m") / "pool.sqlite")
+    ids = pool.add([PoolEntry(f"q{i}", "p", "f", [f"lesson {i}"], []) for i in range(len(uses))])
+    seen = [Observation(i, lift, 0.0, False) for i, (n, lift) in zip(ids, uses) for _ in range(n)]
+    pool.add_attempts([], StepWorth(1, seen, []))
+    rows = [row("abstraction", entries=[ids[0], ids[-1]])]
+    everything = pool.entry_worth()
+    judged = [w for w in everything.values() if w.credited >= MIN_USES]
+    assert pool.judged_worth(MIN_USES) == {i: w for i, w in everything.items() if w.credited >= MIN_USES}
+    metrics = shown_metrics(pool, rows)
+    assert metrics["pool/worth/entries_judged"] == len(judged)
+    assert metrics["pool/worth/harmful"] == sum(w.hurts for w in judged)
+    values = [everything.get(i, Worth()).mean_lift for i in (ids[0], ids[-1])]
+    assert math.isclose(metrics["pool/worth/shown_mean_lift"], sum(values) / 2)
+    pool.close()

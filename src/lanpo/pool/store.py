@@ -543,6 +543,16 @@ class ExperiencePool:
         """Entry id -> :class:`lanpo.pool.worth.Worth` of the entries that were ever shown (all, or ``ids``)."""
         return self._worth("entry_worth", "entry_id", None if ids is None else list(ids))
 
+    def judged_worth(self, min_credited: int) -> dict:
+        """Entry id -> :class:`lanpo.pool.worth.Worth` of the entries credited at least ``min_credited`` times (their
+        number is bounded by the rows ever shown, not by the pool's size)."""
+        from lanpo.pool.worth import Worth
+
+        if not self._has_worth():
+            return {}
+        query = f"SELECT entry_id, {WORTH_COLUMNS} FROM entry_worth WHERE credited >= ?"
+        return {r[0]: Worth(*r[1:]) for r in self.conn.execute(query, (min_credited,))}
+
     def reflection_worth(self, problem_ids: Iterable[str] | None = None) -> dict:
         """Problem id -> :class:`lanpo.pool.worth.Worth` of its reflection rows."""
         return self._worth("reflection_worth", "problem_id", None if problem_ids is None else list(problem_ids))

@@ -227,13 +227,13 @@ def shown_metrics(pool, rows) -> dict[str, float]:
     (of those, the ones judged harmful)."""
     shown = [s["entry_id"] for r in rows if r.kind == "abstraction" and r.has_feedback for s in r.retrieved]
     shown = [i for i in shown if isinstance(i, int)]
-    records = pool.entry_worth()
-    judged = [w for w in records.values() if w.credited >= MIN_USES]
+    judged = list(pool.judged_worth(MIN_USES).values())  # read apart: a step never reads the whole pool's records
     metrics = {
         "pool/worth/entries_judged": float(len(judged)),
         "pool/worth/harmful": float(sum(w.hurts for w in judged)),
     }
     if shown:
+        records = pool.entry_worth(set(shown))
         values = [records.get(i, Worth()).mean_lift for i in shown]
         metrics["pool/worth/shown_mean_lift"] = sum(values) / len(values)
         metrics["pool/worth/shown_helping_share"] = sum(v > 0 for v in values) / len(values)
