@@ -171,7 +171,11 @@ def _run(folder, data="builtin:arith?levels=1"):
     problems = load_problems(data)[:3]
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(f"data: {data}\noutput_dir: {folder}\n")
-    (folder / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.1}) + "\n")
+    logged = [
+        {"step": 1, "summaries/requested": 4, "summaries/added": 3, "summaries/parse_failures": 1},
+        {"step": 2, "summaries/requested": 4.0, "summaries/added": "x", "lanpo/lessons_dropped": 2},
+    ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
     with ExperiencePool(folder / "pool.sqlite") as pool:
         pool.add(
             [
@@ -199,6 +203,7 @@ def test_lanpo_pool_audit_writes_markdown_and_a_plot_with_golds_from_the_runs_da
     assert "| lessons stating an answer, code, or their problem's gold | 1 " in text  # "the value <gold>"
     assert "| lessons repeated across problems (near-duplicates) | 50.0% |" in text  # GENERAL[2] in all three
     assert "| lift: helped / hurt / unclear (95% interval) | 0 / 1 / 1 |" in text
+    assert "| summaries over the run | 8 requested, 3 added to the pool, 1 did not parse, 2 lessons dropped" in text
     assert text.count("rating: ___") == 3 and "Golds for the answers check: builtin:arith?levels=1." in text
     assert (run / "pool-audit.png").stat().st_size > 10_000
 
@@ -210,6 +215,7 @@ def test_a_bare_pool_file_is_audited_and_says_its_golds_are_unknown(tmp_path, ca
     assert lanpo(["pool", "audit", str(tmp_path / "moved.sqlite"), "--out", str(out)]) == 0
     text = (out / "pool-audit.md").read_text()
     assert "(golds known for 0 of 3 entries)" in text and "Golds for the answers check: unknown" in text
+    assert "| summaries over the run | not known (no metrics.jsonl) |" in text
     assert lanpo(["pool", "audit", str(tmp_path / "moved.sqlite"), "--out", str(out), "--data", "nope:x"]) == 0
     assert "could not be loaded" in (out / "pool-audit.md").read_text()
 

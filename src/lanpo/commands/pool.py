@@ -121,7 +121,7 @@ def golds_of_run(run_dir: Path | None, data: str | None) -> tuple[dict, str]:
 
 def audit_command(args) -> int:
     from lanpo.pool.audit import audit_pool, markdown, plot
-    from lanpo.pool.store import ExperiencePool, resolve_pool_path
+    from lanpo.pool.store import POOL_FILENAME, ExperiencePool, resolve_pool_path
     from lanpo.run.files import read_jsonl, write_text_atomic
 
     path = resolve_pool_path(args.pool)
@@ -130,8 +130,12 @@ def audit_command(args) -> int:
         entries = list(pool.iter_entries())
         worth = pool.entry_worth()
     golds, source = golds_of_run(run_dir, args.data)
-    retrievals = read_jsonl(path.parent / "retrievals.jsonl")
-    audit = audit_pool(entries, worth, golds, retrievals, name=str(args.pool), sample=args.sample, seed=args.seed)
+    beside = path.parent if path.name == POOL_FILENAME else None  # a run's logs, beside its pool.sqlite
+    retrievals = read_jsonl(beside / "retrievals.jsonl") if beside else []
+    metrics = read_jsonl(beside / "metrics.jsonl") if beside else []
+    audit = audit_pool(
+        entries, worth, golds, retrievals, name=str(args.pool), sample=args.sample, seed=args.seed, metrics=metrics
+    )
     text = markdown(audit) + f"\nGolds for the answers check: {source}.\n"
     out = Path(args.out) if args.out else path.parent
     out.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,7 @@ class Audit:
     top_share: float | None  # share of retrievals taken by the top 10% of entries
     retrieved_entries: int  # distinct entries retrieved at least once
     retrieval_counts: list[int] = field(default_factory=list)  # retrievals per retrieved entry, most first
+    summaries: dict = field(default_factory=dict)  # the run's summary counts over its steps (:func:`summary_counts`)
     sample: list[PoolEntry] = field(default_factory=list)
 
     def share(self, test) -> float:
@@ -151,6 +152,7 @@ class Audit:
             "retrieval_source": self.retrieval_source,
             "top10_share": self.top_share,
             "retrieved_entries": self.retrieved_entries,
+            "summaries": self.summaries,
         }
 
 
@@ -243,6 +245,26 @@ def top_share(counts: Mapping, entries: int, share: float = TOP_SHARE) -> float 
     return sum(sorted(counts.values(), reverse=True)[:top]) / total
 
 
+SUMMARY_COUNTS = {
+    "summaries/requested": "requested",
+    "summaries/added": "added to the pool",
+    "summaries/parse_failures": "did not parse",
+    "lanpo/lessons_dropped": "lessons dropped by the scrub",
+}
+
+
+def summary_counts(metrics: Iterable[dict]) -> dict[str, int]:
+    """A run's summaries over its steps (from its ``metrics.jsonl`` records): requested, added, not parsed, and
+    lessons the scrub dropped; the parse state of what never reached the pool."""
+    totals: Counter = Counter()
+    for record in metrics:
+        for key, name in SUMMARY_COUNTS.items():
+            value = record.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                totals[name] += value
+    return {name: round(totals[name]) for name in SUMMARY_COUNTS.values() if name in totals}
+
+
 def concentration_curve(counts: Sequence[int], points: int = 200) -> tuple[list[float], list[float]]:
     """(share of entries, share of retrievals they take), most retrieved first, at most ``points`` points."""
     counts = sorted(counts, reverse=True)
@@ -267,10 +289,11 @@ def audit_pool(
     name: str = "pool",
     sample: int = SAMPLE,
     seed: int = SAMPLE_SEED,
+    metrics: Iterable[dict] = (),
 ) -> Audit:
     """Audit ``entries`` with their ``worth`` records. ``golds`` (problem id → :class:`Gold`) for the answers check;
     ``retrievals`` (a run's ``retrievals.jsonl`` records) count retrieval concentration when the pool holds no
-    worth records with uses (older pools)."""
+    worth records with uses (older pools); ``metrics`` (its ``metrics.jsonl`` records) give the summaries' counts."""
     golds = golds or {}
     problems_of_key: dict[str, set[str]] = defaultdict(set)
     first_written: dict[str, str] = {}
@@ -328,6 +351,7 @@ def audit_pool(
         top_share=top_share(counts, ever),
         retrieved_entries=len(counts),
         retrieval_counts=sorted(counts.values(), reverse=True),
+        summaries=summary_counts(metrics),
         sample=sorted(drawn, key=lambda e: e.id or 0),
     )
 
@@ -367,6 +391,9 @@ def markdown(audit: Audit, repeated: int = 10) -> str:
         f"{s['lessons_per_entry']:.1f} |",
         "| incomplete entries | "
         + (", ".join(f"{k}: {v}" for k, v in sorted(s["incomplete"].items())) or "none")
+        + " |",
+        "| summaries over the run | "
+        + (", ".join(f"{v} {k}" for k, v in s["summaries"].items()) or "not known (no metrics.jsonl)")
         + " |",
         f"| entries shown to a row / credited with lift | {s['shown']} / {s['credited']} |",
         f"| mean lift of credited entries | {_num(s['mean_lift'])} |",
