@@ -351,3 +351,23 @@ def test_the_step_metrics_read_only_the_judged_and_shown_records_and_equal_a_rea
     values = [everything.get(i, Worth()).mean_lift for i in (ids[0], ids[-1])]
     assert math.isclose(metrics["pool/worth/shown_mean_lift"], sum(values) / 2)
     pool.close()
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.booleans(), st.booleans(), st.integers(0, 3)), min_size=1, max_size=12),
+)
+def test_the_kept_total_count_follows_every_write_of_this_and_other_connections(tmp_path_factory, steps):
+    path = tmp_path_factory.mktemp("n") / "pool.sqlite"
+    mine, other = ExperiencePool(path, cap_per_problem=2), ExperiencePool(path, cap_per_problem=2)
+    for n, (by_other, add, uses) in enumerate(steps):
+        writer = other if by_other else mine
+        if add or not len(writer):
+            writer.add([PoolEntry(f"q{n % 3}", "p", "f", [f"lesson {n}"], [])])  # evicts past 2 per problem
+        else:
+            target = writer.entries()[-1].id
+            writer.add_attempts([], StepWorth(n, [Observation(target, 0.1, 1.0, True)] * uses, []))
+        direct = sum(w.uses for w in mine.entry_worth().values()) + len(mine)
+        assert mine.total_counts() == direct == other.total_counts()
+    mine.close()
+    other.close()

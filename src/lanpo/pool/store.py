@@ -558,13 +558,21 @@ class ExperiencePool:
         return self._worth("reflection_worth", "problem_id", None if problem_ids is None else list(problem_ids))
 
     def total_counts(self) -> float:
-        """RetroAgent's N: the sum over entries of their counts (uses, plus the 1 an entry is made with)."""
+        """RetroAgent's N: the sum over entries of their counts (uses, plus the 1 an entry is made with). Kept until
+        the pool changes (a commit by this connection or, by SQLite's ``data_version``, by any other): retrieval asks
+        for it every step, and at a million entries the two scans cost as much as the retrieval itself."""
+        key = (self.conn.execute("PRAGMA data_version").fetchone()[0], self.conn.total_changes)
+        cached = getattr(self, "_total_counts", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
         shown = (
             self.conn.execute("SELECT COALESCE(SUM(uses), 0) FROM entry_worth").fetchone()[0]
             if (self._has_worth())
             else 0
         )
-        return float(shown + len(self))
+        total = float(shown + len(self))
+        self._total_counts = (key, total)
+        return total
 
     def _insert_attempts(self, attempts: list[Attempt]) -> None:
         self.conn.executemany(
