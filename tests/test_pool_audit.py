@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from helpers.browser import CHROMIUM
 from lanpo.cli import main as lanpo
-from lanpo.experiments.stats import t975
-from lanpo.pool.audit import (
+from lanpo.pool.store import ExperiencePool, PoolEntry, StepWorth
+from lanpo.pool.worth import Observation, Worth, fold
+from lanpo.report.audit import (
     STOPWORDS,
     Gold,
     audit_pool,
@@ -28,8 +29,7 @@ from lanpo.pool.audit import (
     states_an_answer,
     top_share,
 )
-from lanpo.pool.store import ExperiencePool, PoolEntry, StepWorth
-from lanpo.pool.worth import Observation, Worth, fold
+from lanpo.student_t import t975
 
 GENERAL = ["Check each step before the next", "Write the quantities down first", "Re-read the question at the end"]
 

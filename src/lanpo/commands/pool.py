@@ -90,11 +90,11 @@ def command(args) -> int:
 
 
 def golds_of_run(run_dir: Path | None, data: str | None) -> tuple[dict, str]:
-    """(problem id → :class:`lanpo.pool.audit.Gold`, where they came from): from ``data`` when named, else from the
+    """(problem id → :class:`lanpo.report.audit.Gold`, where they came from): from ``data`` when named, else from the
     data the run trained on (its ``config.yaml``); empty, with the reason, when they cannot be loaded."""
     from lanpo.data.loaders import DataError, load_problems
     from lanpo.data.presets import training_split
-    from lanpo.pool.audit import Gold
+    from lanpo.report.audit import Gold
 
     fields: dict = {}
     if data is None:
@@ -120,8 +120,8 @@ def golds_of_run(run_dir: Path | None, data: str | None) -> tuple[dict, str]:
 
 
 def audit_command(args) -> int:
-    from lanpo.pool.audit import audit_pool, markdown, plot
     from lanpo.pool.store import POOL_FILENAME, ExperiencePool, resolve_pool_path
+    from lanpo.report.audit import audit_pool, markdown, plot
     from lanpo.run.files import read_jsonl, write_text_atomic
 
     path = resolve_pool_path(args.pool)

@@ -16,22 +16,8 @@ import sys
 from pathlib import Path
 from typing import Protocol
 
-T975 = {
-    1: 12.706,
-    2: 4.303,
-    3: 3.182,
-    4: 2.776,
-    5: 2.571,
-    6: 2.447,
-    7: 2.365,
-    8: 2.306,
-    9: 2.262,
-    10: 2.228,
-    12: 2.179,
-    15: 2.131,
-    20: 2.086,
-    30: 2.042,
-}
+from lanpo.student_t import t975
+
 MEAN_AT_K = re.compile(r"^eval/.+/mean@\d+$")  # not the _stderr beside it: the table's error bars are over seeds
 COMPLETE = "cell.json"
 
@@ -50,13 +36,6 @@ class Grid(Protocol):
 
 
 # -- statistics ----------------------------------------------------------------------------------------------
-
-
-def t975(df: int) -> float:
-    if df in T975:
-        return T975[df]
-    known = [d for d in sorted(T975) if d <= df]
-    return T975[known[-1]] if df <= 30 else 1.96
 
 
 def mean_ci(values: list[float]) -> tuple[float, float | None, float | None]:

@@ -179,10 +179,10 @@ def _pool(run_dir: Path, groups: list[dict], retrievals: list[dict]) -> dict:
 
 
 def _audit(entries: list, worth: dict, retrievals: list[dict], points: int = 400) -> dict:
-    """The pool audit's figures (:mod:`lanpo.pool.audit`, without golds: the answers check counts answer
+    """The pool audit's figures (:mod:`lanpo.report.audit`, without golds: the answers check counts answer
     statements only), each credited entry's lift with its interval sorted (at most ``points``, evenly spread), and
     the retrieval concentration curve."""
-    from lanpo.pool.audit import audit_pool, concentration_curve
+    from lanpo.report.audit import audit_pool, concentration_curve
 
     audit = audit_pool(entries, worth, None, retrievals, sample=0)
     lifts = sorted(([e.lift, e.low, e.high] for e in audit.entries if e.lift is not None), key=lambda v: v[0])

@@ -1,4 +1,4 @@
-"""The pool audit (``lanpo pool audit``): are a pool's lessons transferable, and which of them helped?
+"""The pool audit (``lanpo pool audit``, a section of ``lanpo report``): are the lessons transferable, and which helped?
 
 The paper's next check 3 asks whether 50 random pool entries after 100 steps hold transferable principles or
 problem-specific details. This module measures what a script can and draws the 50 for a person to rate:
@@ -32,10 +32,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lanpo.experiments.stats import t975
 from lanpo.feedback.labels import ANSWER_STATEMENT, holds_code
 from lanpo.pool.store import PoolEntry
 from lanpo.pool.worth import Worth
+from lanpo.student_t import t975
 from lanpo.verify.answers import mentions_answer
 
 SAMPLE = 50  # entries drawn for a person to rate (the paper's check)
