@@ -430,14 +430,14 @@ def median(values: list[float]) -> float:
     return round(statistics.median(values), 2) if values else float("nan")
 
 
-def spread(values: list[float]) -> dict:
+def spread(values: list[float], digits: int = 3) -> dict:
     """A ratio over steps: its median, its range and how many steps it holds."""
     if not values:
         return {"steps": 0}
     return {
-        "median": round(statistics.median(values), 3),
-        "min": round(min(values), 3),
-        "max": round(max(values), 3),
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
         "steps": len(values),
     }
 
@@ -464,8 +464,16 @@ def summarize(runs: dict[str, dict]) -> dict:
             report[arm]["floor_s"] = [
                 {k: round(v, 2) if isinstance(v, float) else v for k, v in f.items()} for f in run["floor"]
             ]
+    worth = {}  # each entry's worth: its share of each step, against the ≤ 1% target (needs no grpo arm)
+    for arm, run in runs.items():
+        if any(run.get("worth_s", [])):
+            worth[f"{arm}: each entry's worth (bookkeeping + ranking), % of the step, steps 2..N"] = spread(
+                [100 * w / t for w, t in zip(run["worth_s"][later], run["step_time"][later])], digits=4
+            )
     base = "grpo" if "grpo" in runs else "grpo-trl" if "grpo-trl" in runs else None
     if base is None:
+        if worth:
+            report["ratios"] = worth
         return report
     # the floor of each GRPO step, on its own batch: a bare forward and backward, a bare forward, its generation
     grpo = runs[base]
@@ -473,7 +481,7 @@ def summarize(runs: dict[str, dict]) -> dict:
     bare = {key: median([f[key] for f in grpo["floor"][later]]) for key in ("forward+backward", "forward")}
     generation = median([s["generate"] for s in grpo["parts"][later]])
     step_floor = median(floors[later])
-    ratios = {"floor_s": step_floor, "floor_parts_s": {**bare, "generation alone": generation}}
+    ratios = {"floor_s": step_floor, "floor_parts_s": {**bare, "generation alone": generation}, **worth}
     for arm in ("grpo-trl", "grpo-compact", "grpo"):
         if arm in runs:
             own = [
@@ -506,11 +514,6 @@ def summarize(runs: dict[str, dict]) -> dict:
             "seconds": round(gap, 2),
             "shares": {k: round(v / gap, 3) for k, v in excess.items()} if gap > 0 else "none: at or below the floor",
         }
-    for arm, run in runs.items():  # each entry's worth: its share of each step, against the ≤ 1% target
-        if any(run.get("worth_s", [])):
-            ratios[f"{arm}: each entry's worth (bookkeeping + ranking) / step, steps 2..N"] = spread(
-                [w / t for w, t in zip(run["worth_s"][later], run["step_time"][later])]
-            )
     # every arm with its generation in one call: the step's time less the seconds its rows took to generate in the
     # step (rollout, feedback phases, riding summaries), plus the seconds the same rows take in one call, each to its
     # own length. What is left of an arm's cost over GRPO's then is the method's own work (more rows and tokens to
