@@ -21,6 +21,7 @@ from lanpo.report.audit import (
     STOPWORDS,
     Gold,
     audit_pool,
+    concentration_curve,
     is_specific,
     lift_interval,
     markdown,
@@ -150,6 +151,22 @@ def test_old_pools_count_concentration_from_the_logged_retrievals():
     audit = audit_pool(entries, {}, None, logged)
     assert audit.retrievals == 19 and "retrievals.jsonl" in audit.retrieval_source
     assert audit.top_share == 18 / 19  # the top 10% of 20 entries: entries 1 and 2
+
+
+@settings(max_examples=50, deadline=None)
+@given(uses=st.lists(st.integers(0, 40), min_size=1, max_size=60))
+def test_the_concentration_curve_reads_the_top_share_at_the_same_share_of_every_entry(uses):
+    """The plot and the table say one thing: the curve's x is a share of every entry, never-retrieved ones too."""
+    entries = [entry(f"p{i}", id=i) for i in range(len(uses))]
+    worth = {i: Worth(uses=n) for i, n in enumerate(uses) if n}
+    audit = audit_pool(entries, worth)
+    x, y = concentration_curve(audit.retrieval_counts, points=10_000)
+    if not any(uses):
+        assert audit.top_share is None and x == []
+        return
+    top = math.ceil(0.1 * len(uses))
+    assert len(audit.retrieval_counts) == len(uses)
+    assert y[x.index(top / len(uses))] == pytest.approx(audit.top_share)
 
 
 @settings(max_examples=30, deadline=None)

@@ -115,7 +115,9 @@ class Audit:
     retrieval_source: str  # where they were counted
     top_share: float | None  # share of retrievals taken by the top 10% of entries
     retrieved_entries: int  # distinct entries retrieved at least once
-    retrieval_counts: list[int] = field(default_factory=list)  # retrievals per retrieved entry, most first
+    # retrievals per entry, most first, the entries never retrieved as 0s: the curve's shares are of every entry, as
+    # top_share's are
+    retrieval_counts: list[int] = field(default_factory=list)
     summaries: dict = field(default_factory=dict)  # the run's summary counts over its steps (:func:`summary_counts`)
     sample: list[PoolEntry] = field(default_factory=list)
 
@@ -350,7 +352,7 @@ def audit_pool(
         retrieval_source=source,
         top_share=top_share(counts, ever),
         retrieved_entries=len(counts),
-        retrieval_counts=sorted(counts.values(), reverse=True),
+        retrieval_counts=sorted(counts.values(), reverse=True) + [0] * (ever - len(counts)),
         summaries=summary_counts(metrics),
         sample=sorted(drawn, key=lambda e: e.id or 0),
     )
@@ -480,7 +482,7 @@ def plot(audit: Audit, out) -> None:
         ax.plot(x, y, color="tab:green")
         ax.axvline(TOP_SHARE, color="gray", ls=":")
     ax.set_title("share of retrievals taken by the top entries")
-    ax.set_xlabel("share of retrieved entries (most retrieved first)")
+    ax.set_xlabel("share of the entries (most retrieved first)")
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
