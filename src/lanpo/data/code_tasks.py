@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lanpo.data.code_examples import docstring_examples
 from lanpo.prompts import CODE_HEADER  # every code problem starts so (prompts.is_code_problem)
 from lanpo.verify.sandbox import CodeTests, same_value
 
@@ -254,6 +255,7 @@ def _draw(kind: str, rng: random.Random) -> list:
 
 EDGE_CASES = {"int": [[0]], "int2": [[0, 0]], "list": [[[]]], "words": [[[]]], "text": [[""]], "sentence": [["a"]]}
 CASES = 6
+MAX_SHOWN = 4  # public examples a docstring may show
 REDRAWS = 200  # draws of a task's inputs before its tests are called unable to judge (none needs more than a few)
 
 
@@ -313,10 +315,13 @@ class CodeTask:
     level: int
 
 
-def _source(name: str, family: Family, const) -> tuple[str, str]:
-    """The function's header with its docstring, and the reference solution."""
+def _source(name: str, family: Family, const, examples: list | None = None) -> tuple[str, str]:
+    """The function's header with its docstring (and ``examples``, ``[[args], value]`` pairs shown in it), and the
+    reference solution."""
     fill = {"c": const, "ch": const}
     doc = family.doc.format(**fill)
+    if examples:
+        doc += "\n" + docstring_examples(name, examples) + "\n    "
     header = f'def {name}({family.params}):\n    """{doc}"""\n'
     return header, header + family.body.format(**fill) + "\n"
 
@@ -332,7 +337,29 @@ def _in_test_split(family_index: int, const) -> bool:
     return int(hashlib.sha1(f"code-{family_index}-{const}".encode()).hexdigest(), 16) % 4 == 0
 
 
-def code_task(family_index: int, const, name: str, rng: random.Random) -> CodeTask:
+def public_cases(family_index: int, const, name: str, function: Callable, hidden: list, count: int) -> list:
+    """``count`` examples to show in the docstring: inputs drawn from a generator of the task's own (so the hidden
+    tests of every task stay as they were), none of them a hidden test's input nor an edge case, no two alike, and
+    no two with one value where the task allows (an example of a constant teaches nothing)."""
+    family = FAMILIES[family_index]
+    taken = [args for args, _ in hidden] + EDGE_CASES[family.args]
+    own = random.Random(f"lanpo-code-public-{family_index}-{const}-{name}")
+    chosen: list = []
+    for attempt in range(REDRAWS):
+        if len(chosen) == count:
+            break
+        args = _draw(family.args, own)
+        if any(same_value(args, other) for other in taken):
+            continue
+        value = function(*args)
+        if any(same_value(value, shown) for _, shown in chosen) and attempt < REDRAWS // 2:
+            continue  # a second value alike teaches less: drawn again while draws remain
+        chosen.append([args, value])
+        taken.append(args)
+    return chosen
+
+
+def code_task(family_index: int, const, name: str, rng: random.Random, examples: int = 0) -> CodeTask:
     family = FAMILIES[family_index]
     header, solution = _source(name, family, const)
     function = _reference(name, solution)
@@ -348,15 +375,20 @@ def code_task(family_index: int, const, name: str, rng: random.Random) -> CodeTa
         raise RuntimeError(
             f"builtin:code {name} ({family.doc}): {REDRAWS} draws of inputs, none tells it from a trivial function"
         )
+    if examples:  # the reference solution carries the docstring the problem shows, examples and all
+        shown = public_cases(family_index, const, name, function, cases, examples)
+        header, solution = _source(name, family, const, shown)
     text = code_problem_text(header)
     digest = hashlib.sha1(text.encode()).hexdigest()[:10]
     task = f"{family_index}:{const}"
     return CodeTask(task, f"code-L{family.level}-{digest}", text, CodeTests(name, cases=cases), solution, family.level)
 
 
-def code_tasks(levels: list[int], n: int, seed: int, split: str) -> list[CodeTask]:
+def code_tasks(levels: list[int], n: int, seed: int, split: str, examples: int = 0) -> list[CodeTask]:
     """Up to ``n`` distinct tasks of ``split``, levels mixed in equal shares (fewer when a level's tasks run out:
-    the caller says so)."""
+    the caller says so), each docstring showing ``examples`` public examples (:func:`public_cases`)."""
+    if not 0 <= examples <= MAX_SHOWN:
+        raise ValueError(f"examples must be 0 to {MAX_SHOWN}, got {examples}.")
     unknown = sorted(set(levels) - {f.level for f in FAMILIES})
     if unknown:
         raise ValueError(f"builtin:code has levels 1-5, not {unknown}.")
@@ -378,7 +410,7 @@ def code_tasks(levels: list[int], n: int, seed: int, split: str) -> list[CodeTas
     while len(tasks) < n and any(pool.values()):
         for level in levels:
             if pool[level] and len(tasks) < n:
-                tasks.append(code_task(*pool[level].pop(), rng))
+                tasks.append(code_task(*pool[level].pop(), rng, examples))
     return tasks
 
 

@@ -21,6 +21,7 @@ Rows without a problem or an answer are counted and skipped, never silently turn
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
@@ -33,6 +34,7 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from lanpo.data.arith import arith_problems
+from lanpo.data.code_examples import MAX_EXAMPLES, comment_examples
 from lanpo.data.code_tasks import (
     TRIVIAL_BODIES,
     code_problem_text,
@@ -46,7 +48,7 @@ from lanpo.data.code_tasks import (
 )
 from lanpo.data.presets import PRESETS, Preset
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
-from lanpo.verify.sandbox import GOLD_KINDS, CodeTests, GoldKind, gold_kind_of
+from lanpo.verify.sandbox import GOLD_KINDS, CodeTests, GoldKind, gold_kind_of, same_value
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +431,7 @@ def builtin_arith(
     ]
 
 
-DEFAULT_CODE = {"levels": "1,2,3", "n": 128, "seed": 0, "split": "train"}
+DEFAULT_CODE = {"levels": "1,2,3", "n": 128, "seed": 0, "split": "train", "examples": 2}
 
 
 def builtin_code(
@@ -437,12 +439,14 @@ def builtin_code(
     n: int = DEFAULT_CODE["n"],
     seed: int = DEFAULT_CODE["seed"],
     split: str = DEFAULT_CODE["split"],
+    examples: int = DEFAULT_CODE["examples"],
 ) -> list[Problem]:
     """Seeded Python function tasks with hidden tests and a reference solution (:mod:`lanpo.data.code_tasks`);
-    train and test hold different tasks."""
+    train and test hold different tasks; each docstring shows ``examples`` public examples, drawn apart from the
+    hidden tests (0: the statements as they were before examples, ids included)."""
     levels = _levels_and_split("builtin:code", levels, split)
     try:
-        tasks = code_tasks(levels, n, seed, split)
+        tasks = code_tasks(levels, n, seed, split, examples)
     except ValueError as error:
         raise DataError(str(error)) from error
     if len(tasks) < n:
@@ -485,6 +489,12 @@ def code_rows_to_problems(
         solution = next((row[k] for k in ("canonical_solution", "solution") if isinstance(row.get(k), str)), None)
         if solution is not None and f"def {entry}(" not in solution:  # HumanEval's: the body alone
             solution = code.rstrip("\n") + "\n" + solution
+        if row.get("public_tests") is not None:  # shown below the function, where execution feedback reads them
+            public, why = _public_cases(row["public_tests"])
+            if why:
+                stats.skip(f"public_tests: {why}", index + 1)
+                continue
+            code = code.rstrip("\n") + "\n\n\n" + comment_examples(entry, public)
         try:
             tests = CodeTests(entry, check=check, preamble=preamble_of(code), helpers=helpers_of(code))
         except ValueError as error:
@@ -506,6 +516,26 @@ def code_rows_to_problems(
         stats.kept -= len(unfit)
     stats.warn(source)
     return problems
+
+
+def _public_cases(value) -> tuple[list, str]:
+    """A row's ``public_tests`` (``[[args], expected]`` pairs) and why they cannot be shown ("" when they can):
+    each must be plain values that read back as written (``repr`` and :func:`ast.literal_eval`)."""
+    if not isinstance(value, list) or not value:
+        return [], "a non-empty list of [[arguments], expected value] pairs is needed"
+    if len(value) > MAX_EXAMPLES:
+        return [], f"at most {MAX_EXAMPLES} examples are shown, got {len(value)}"
+    for pair in value:
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], list)):
+            return [], f"{str(pair)[:80]} is not an [[arguments], expected value] pair"
+        try:
+            shown = [ast.literal_eval(repr(part)) for part in (*pair[0], pair[1])]
+            same = same_value(shown, [*pair[0], pair[1]])  # compared as the tests compare: through JSON
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return [], f"{str(pair)[:80]} holds a value that is not plain data written as a Python literal"
+        if not same:
+            return [], f"{str(pair)[:80]} does not read back as written"
+    return value, ""
 
 
 def _tests_that_cannot_judge(problems: list[Problem]) -> dict[str, str]:
@@ -634,8 +664,9 @@ def _builtin(spec: str, split: str | None, seed: int | None, limit: int | None) 
         kwargs["seed"] = seed
     if limit and "n" not in options:
         kwargs["n"] = limit
+    extra = {key: int(kwargs[key]) for key in set(defaults) - {"levels", "n", "seed", "split"}}  # examples=
     try:
-        return build(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"])
+        return build(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"], **extra)
     except ValueError as error:
         raise DataError(f"{spec}: {error}") from error
 

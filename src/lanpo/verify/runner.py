@@ -32,6 +32,8 @@ import sys
 
 MAX_LINE = 1 << 24  # bytes of one message on the channel
 MAX_DEPTH = 100  # nesting of one value
+MAX_MESSAGE = 300  # characters of an exception's message kept for execution feedback
+MAX_TRACE = 5  # lines of the model's code kept from one traceback
 
 PR_SET_DUMPABLE = 4
 
@@ -126,7 +128,7 @@ def worker(requests_fd, answers_fd):
         if not callable(function):
             raise TypeError("not callable")
     except BaseException as error:  # the code's own failure, whatever it raised
-        answer({"error": type(error).__name__})
+        answer({"error": type(error).__name__, **_explain(error)})
         return
     answer({"ready": True})
     for line in requests:
@@ -135,7 +137,29 @@ def worker(requests_fd, answers_fd):
             value = function(*decode(call["args"]), **decode(call["kwargs"]))
             answer({"value": encode(value)})
         except BaseException as error:
-            answer({"raised": type(error).__name__})
+            answer({"raised": type(error).__name__, **_explain(error)})
+
+
+def _explain(error):
+    """What a programmer reads of an exception, for execution feedback only (never for a verdict): its message
+    and the lines of the model's own code it passed through (``<solution>``'s line numbers, innermost last). Read
+    from the exception's frames with no import: the code may have replaced any module."""
+    try:
+        message = str(error)[:MAX_MESSAGE]
+    except BaseException:
+        message = ""
+    lines = []
+    try:
+        if isinstance(error, SyntaxError) and error.filename == "<solution>" and error.lineno:
+            lines.append(int(error.lineno))
+        frame = error.__traceback__
+        while frame is not None and len(lines) < 3 * MAX_TRACE:
+            if frame.tb_frame.f_code.co_filename == "<solution>":
+                lines.append(int(frame.tb_lineno))
+            frame = frame.tb_next
+    except BaseException:
+        pass
+    return {"message": message, "lines": lines[-MAX_TRACE:]}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -159,6 +183,7 @@ class Worker:
         self._out = os.fdopen(self._requests, "wb")
         self._in = os.fdopen(self._answers, "rb")
         self.calls = 0
+        self.last_raised = None  # what the last call raised (_detail), for execution feedback
 
     def start(self, setup):
         """Send the code; the worker answers ``ready`` or the ``error`` its code raised."""
@@ -177,6 +202,7 @@ class Worker:
         self._send({"args": encode(tuple(args)), "kwargs": encode(dict(kwargs))})
         message = self._receive()
         if "raised" in message:
+            self.last_raised = _detail(message, "raised")
             raise _exception(message["raised"])
         if "value" not in message:
             raise ValueError("the worker sent no value")
@@ -196,6 +222,17 @@ class Worker:
         except subprocess.TimeoutExpired:
             status = None
         return {"crashed": "the worker ended (exit status " + str(status) + ")"}
+
+
+def _detail(message, key):
+    """An exception as the worker described it, kept as plain, bounded data: its type's name, message and the
+    model's code lines (the worker is not trusted: anything else is dropped)."""
+    lines = message.get("lines")
+    return {
+        "type": str(message.get(key))[:100],
+        "message": message["message"][:MAX_MESSAGE] if type(message.get("message")) is str else "",
+        "lines": [n for n in lines[:MAX_TRACE] if type(n) is int] if type(lines) is list else [],
+    }
 
 
 def _exception(name):
@@ -252,18 +289,21 @@ def judge():
     except ValueError:
         ready = {"error": "the worker's answer was not a message"}
     if "error" in ready or "ready" not in ready:
-        send({"error": str(ready.get("error", "the worker did not say it was ready"))[:100]})
+        detail = _detail(ready, "error") if "error" in ready else {}
+        send({"error": str(ready.get("error", "the worker did not say it was ready"))[:100], "detail": detail})
     if job["cases"]:
-        values = []
+        values, raised = [], []
         for args in job["cases"]:
+            worker_process.last_raised = None
             try:
                 values.append(json.dumps(worker_process.call(args, {})))
             except WorkerEnded:
                 send(worker_process.ended())
             except Exception:
                 values.append(None)
+            raised.append(worker_process.last_raised)
         worker_process.close()
-        send({"values": values})
+        send({"values": values, "raised": raised})
     result = _run_check(job, worker_process)
     send(worker_process.ended() if result.get("failed") == "WorkerEnded" else result)
 

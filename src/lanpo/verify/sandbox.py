@@ -134,6 +134,18 @@ def gold_kind_of(gold) -> GoldKind:
     return "code" if isinstance(gold, str) and gold.startswith('{"' + CODE_GOLD_KEY + '"') else "math"
 
 
+def logged_gold(gold: str, kind: GoldKind) -> str:
+    """A gold as a run's logs and report show it: a math answer as it is; a test suite by its size alone (the
+    hidden tests are the reward: no log, report or page a person may pass on holds one)."""
+    if kind != "code":
+        return gold
+    try:
+        tests = CodeTests.from_gold(gold)
+    except (ValueError, KeyError, TypeError):
+        return "hidden tests"
+    return f"hidden tests ({len(tests.cases)} cases)" if tests.cases else "hidden tests (a check program)"
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per execution. ``timeout`` is wall-clock seconds for the whole sandbox, start-up included; ``memory_mb`` is
@@ -166,6 +178,12 @@ class Execution:
     seconds: float = 0.0
     reason: str = ""  # why a run crashed, where the sandbox knows (a limit that killed it)
     peak_mb: float | None = None  # the most memory the run's processes held together (where a group counted it)
+    # What the code did, for execution feedback only (never read for a verdict): per case of a ``cases`` suite,
+    # ``{"value": the returned value as JSON, or None; "long": whether it was too long to keep; "raised": {"type",
+    # "message", "lines"}, or None}``; for an ``error``, what its code raised as it loaded. The worker's word,
+    # bounded: a program may write anything here.
+    calls: list | None = None
+    error: dict | None = None
 
     @property
     def share(self) -> float:
@@ -535,16 +553,44 @@ class Sandbox:
             if key in result:
                 return Execution("crashed", 0, total, f"{result[key]}\n{text}", seconds)
         if "error" in result:
-            return Execution("error", 0, total, f"{result['error']}\n{text}", seconds)
+            error = _raised(result.get("detail"))
+            return Execution("error", 0, total, f"{result['error']}\n{text}", seconds, error=error)
         if tests.cases:  # a suite of cases passes on its values alone, compared here
             values = result.get("values")
             if not isinstance(values, list) or len(values) != len(tests.cases):
                 return Execution("forged", 0, total, text, seconds)
             passed = sum(_same(value, expected) for value, (_, expected) in zip(values, tests.cases))
-            return Execution("passed" if passed == total else "failed", passed, total, text, seconds)
+            raised = result.get("raised")
+            raised = raised if isinstance(raised, list) and len(raised) == len(values) else [None] * len(values)
+            calls = [
+                {
+                    "value": value if isinstance(value, str) and len(value) <= MAX_VALUE_JSON else None,
+                    "long": isinstance(value, str) and len(value) > MAX_VALUE_JSON,
+                    "raised": _raised(why),
+                }
+                for value, why in zip(values, raised)
+            ]
+            return Execution("passed" if passed == total else "failed", passed, total, text, seconds, calls=calls)
         if result.get("passed") is True and isinstance(result.get("calls"), int) and result["calls"] > 0:
             return Execution("passed", 1, 1, text, seconds)
         return Execution("failed", 0, 1, f"{result.get('failed', '')}\n{text}", seconds)
+
+
+MAX_DETAIL = 300  # characters of one exception's type or message kept (execution feedback)
+MAX_VALUE_JSON = 2000  # characters of one returned value kept (execution feedback)
+
+
+def _raised(detail) -> dict | None:
+    """An exception as the run described it, or None: plain strings and line numbers, bounded (the judge bounds
+    them too; a program that forged its own report is caught before this)."""
+    if not isinstance(detail, dict) or not isinstance(detail.get("type"), str):
+        return None
+    lines = detail.get("lines")
+    return {
+        "type": detail["type"][:MAX_DETAIL],
+        "message": detail["message"][:MAX_DETAIL] if isinstance(detail.get("message"), str) else "",
+        "lines": [n for n in lines[:5] if type(n) is int and n > 0] if isinstance(lines, list) else [],
+    }
 
 
 def _program_pipe(program: bytes) -> int:
