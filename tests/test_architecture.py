@@ -283,7 +283,8 @@ def test_the_loss_reads_only_its_batch_and_arguments():
 def test_feedback_sources_see_no_label():
     """A source is asked with FeedbackRequests, which carry no gold answer and no reward (a hint level and scale
     are the run's, not the problem's); every planned kind has a source and every source a planned kind; the
-    label-free kinds are exactly feedback_source self's, and the privileged ones are marked so."""
+    label-free kinds are feedback_source self's and execution (built from the statement's public examples and the
+    model's own attempt), and the privileged ones are marked so."""
     from lanpo.feedback import SOURCES, FeedbackRequest
     from lanpo.plan import KINDS, PRIVILEGED_KINDS, SELF_KINDS
 
@@ -291,7 +292,7 @@ def test_feedback_sources_see_no_label():
     assert set(SOURCES) == set(KINDS)
     assert all(kind == source.kind and source.privileged == KINDS[kind].privileged for kind, source in SOURCES.items())
     assert {k for k, s in SOURCES.items() if s.privileged} == set(PRIVILEGED_KINDS)
-    assert {k for k, s in SOURCES.items() if not s.privileged} == set(SELF_KINDS)
+    assert {k for k, s in SOURCES.items() if not s.privileged} == {*SELF_KINDS, "execution"}
 
 
 def test_config_choices_match_the_decoded_objectives():
@@ -340,7 +341,9 @@ def test_each_choice_list_has_one_definition():
 
     scoring_only = tuple(s for s in plan.SCORE_SOURCES if s not in plan.KINDS)
     assert scoring_only == ("sibling",)  # a context that only scores: nothing is generated under it
-    assert config.FEEDBACK_SOURCES == plan.feedback_sources() == ("self", *plan.PRIVILEGED_KINDS, *scoring_only)
+    own = tuple(k for k, kind in plan.KINDS.items() if not kind.joins_self)  # the privileged kinds, and execution
+    assert set(own) == {*plan.PRIVILEGED_KINDS, "execution"}
+    assert config.FEEDBACK_SOURCES == plan.feedback_sources() == ("self", *own, *scoring_only)
     assert evaluate.PRIVILEGED_MODES is plan.PRIVILEGED_KINDS
     assert not hasattr(plan, "FEEDBACK_SOURCES")
     assert tuple(plan.ATTEMPTS) == get_args(config.ReflectionSource)

@@ -41,7 +41,7 @@ MAX_CODE_WORKERS = 64  # sandboxes at once (the sandbox's uid range: lanpo.verif
 Schedule = Literal["constant", "linear"]
 ReflectionSource = Literal["auto", "step", "pool", "ahead"]
 Trigger = Literal["always", "unsolved"]
-FeedbackSourceName = Literal["self", "reference", "gold", "self-hint", "sibling"]
+FeedbackSourceName = Literal["self", "reference", "gold", "self-hint", "execution", "sibling"]
 FeedbackRoute = Literal["generate", "score", "both"]
 ScoreForm = Literal["additive", "contrastive"]
 ScoreTeacher = Literal["initial", "live", "ema"]
@@ -119,7 +119,9 @@ class LanpoConfig(GRPOConfig):
             "(UFT, GHPO, QuestA); gold, the model's attempt, 'the generated solution is incorrect, the ground truth "
             "is X', solve again (Critique-GRPO); self-hint, a hint the policy writes from the solution, dropped if "
             "it states the answer (SAGE). sibling (feedback_route score only): a right rollout of the same group "
-            "(SDPO), no gold needed."
+            "(SDPO), no gold needed. execution (code, not privileged): the model's attempt and what running it on "
+            "the examples the problem shows did (RLEF); under feedback_route score, that report alone scores the "
+            "row's own attempt."
         },
     )
     feedback_route: FeedbackRoute = field(
@@ -128,7 +130,8 @@ class LanpoConfig(GRPOConfig):
             "help": "How feedback reaches the loss. generate: rows are sampled under the context (LANPO; "
             "context_in_loss says how they are trained). score: every row is a plain rollout, and the policy given "
             "the context (a teacher) only scores them: its per-token log-ratio joins the advantage (SDPO, OPSD, "
-            "RLCSD; feedback_source gold, reference or sibling). both: generated rows, and the plain ones scored."
+            "RLCSD; feedback_source gold, reference, sibling or execution). both: generated rows, and the plain ones "
+            "scored."
         },
     )
     score_form: ScoreForm = field(

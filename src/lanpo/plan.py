@@ -38,14 +38,16 @@ KINDS: dict[str, FeedbackKind] = {
         FeedbackKind("reference", privileged=True, reads_solutions=True),
         FeedbackKind("gold", privileged=True),
         FeedbackKind("self-hint", privileged=True, reads_solutions=True),
+        FeedbackKind("execution", privileged=False),  # code: an attempt run on its problem's public examples
     )
 }
 SELF_KINDS = tuple(k for k, kind in KINDS.items() if kind.joins_self)  # the built-in ones (reflection_share splits)
 PRIVILEGED_KINDS = tuple(k for k, kind in KINDS.items() if kind.privileged)  # the built-in ones (eval probes them)
 
 # Where a scoring context comes from (feedback_route score): the privileged sources that need no generation of their
-# own, and ``sibling``, a right rollout of the same group (SDPO), which needs no gold.
-SCORE_SOURCES = ("gold", "reference", "sibling")
+# own, ``sibling``, a right rollout of the same group (SDPO), which needs no gold, and ``execution`` (code), what a
+# row's own attempt did on its problem's public examples (SDPO's environment feedback).
+SCORE_SOURCES = ("gold", "reference", "sibling", "execution")
 
 
 def register_kind(kind: FeedbackKind) -> None:

@@ -440,6 +440,35 @@ def hinted_messages(problem: str, hint: str) -> Messages:
 
 # The scoring route (lanpo.score): what a teacher reads a plain rollout under. Only the shown part differs between a
 # row's context and its wrong twins (another problem's answer or right rollout), so the style of a context cancels.
+# Execution feedback (code): the model's attempt and what running it on the examples its problem shows did
+# (lanpo.feedback.execution); the hidden tests are never run for it, and nothing of them is said.
+EXECUTION_TEMPLATE = """Problem:
+{problem}
+
+Below is an earlier attempt at this problem, and what happened when it was run on the examples the problem shows.
+
+### Earlier attempt
+{attempt}
+
+### Running it on the examples
+{report}
+
+First, explain what in the attempt caused what the run shows. Then write the function again from the start, \
+fixing it. {instruction}"""
+
+
+def execution_messages(problem: str, attempt: str, report: str) -> Messages:
+    """The model's attempt and its execution report on the problem's public examples, and a request to fix it."""
+    return user(
+        EXECUTION_TEMPLATE.format(
+            problem=problem.strip(),
+            attempt=clip(attempt),
+            report=report.strip(),
+            instruction=domain_of(problem).instruction,
+        )
+    )
+
+
 SCORE_GOLD_TEMPLATE = """{problem}
 
 A note for solving it: {shown}.
@@ -455,11 +484,23 @@ Below is a correct solution to this problem.
 
 Solve the problem again from the start, writing a complete solution. {instruction}"""
 
+# The scored row is the attempt the report is about: the context holds the report alone (SDPO's environment
+# feedback), never the attempt's text, so the teacher cannot simply copy it.
+SCORE_EXECUTION_TEMPLATE = """{problem}
+
+An earlier attempt at this function was run on the examples the problem shows:
+{shown}
+
+Write the function again from the start, fixing what the run shows. {instruction}"""
+
 
 def scoring_messages(source: str, problem: str, shown: str) -> Messages:
-    """A scoring context of ``source`` gold (``shown``: "the ground truth is X") or sibling (``shown``: a right
-    rollout of the group); the reference source shows its prefix in :func:`reference_messages`' template."""
-    template = {"gold": SCORE_GOLD_TEMPLATE, "sibling": SCORE_SIBLING_TEMPLATE}[source]
+    """A scoring context of ``source`` gold (``shown``: "the ground truth is X"), sibling (``shown``: a right
+    rollout of the group) or execution (``shown``: what the scored attempt did on the public examples); the
+    reference source shows its prefix in :func:`reference_messages`' template."""
+    template = {"gold": SCORE_GOLD_TEMPLATE, "sibling": SCORE_SIBLING_TEMPLATE, "execution": SCORE_EXECUTION_TEMPLATE}[
+        source
+    ]
     return user(
         template.format(problem=problem.strip(), shown=shown.strip(), instruction=domain_of(problem).instruction)
     )

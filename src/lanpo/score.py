@@ -17,7 +17,8 @@ The teacher's log-probabilities are computed when a generation ends (the trainer
 π_old(y|x), which is the loss forward's own detached value (or TRL's old log-probabilities where it computed them), so
 the advantages are rewritten inside the loss's forward (:func:`rewrite_advantages`), before TRL reads them. Contexts
 are built here from what a row may be shown: its gold answer (``gold``), the first steps of its worked solution
-(``reference``), or a right rollout of its own group (``sibling``, which needs no gold). Nothing here imports TRL.
+(``reference``), a right rollout of its own group (``sibling``, which needs no gold), or what its own attempt did on
+its problem's public examples (``execution``, code). Nothing here imports TRL.
 """
 
 from __future__ import annotations
@@ -50,9 +51,14 @@ class TeacherContext(NamedTuple):
     wrong: tuple[Messages, ...] = ()
 
 
-def shown_for(source: str, problem: str, reference: Reference | None, sibling: str | None, level: int) -> str | None:
+def shown_for(
+    source: str, problem: str, reference: Reference | None, sibling: str | None, level: int, report: str | None = None
+) -> str | None:
     """The part of a context that carries information (the answer statement, the solution prefix, the sibling's
-    solution); None where the row has none to show. The rest of a context is the template (:func:`context_messages`)."""
+    solution, the row's own execution report); None where the row has none to show. The rest of a context is the
+    template (:func:`context_messages`)."""
+    if source == "execution":
+        return report
     if source == "gold":
         return ground_truth(reference.answer, reference.gold_kind) if reference is not None else None
     if source == "reference":
@@ -81,6 +87,7 @@ class ScoredRow:
     text: str
     right: bool
     reference: Reference | None  # gold answer and worked solution (None: the trainer has none for it)
+    report: str | None = None  # execution: what this row's attempt did on its problem's public examples
 
 
 def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> list[TeacherContext | None]:
@@ -97,7 +104,7 @@ def teacher_contexts(rows: Sequence[ScoredRow], g: int, scoring: Scoring) -> lis
         group = rows[s : s + g]
         for j, row in enumerate(group):
             sibling = next((r.text for k, r in enumerate(group) if k != j and r.right), None)
-            shown.append(shown_for(scoring.source, row.problem, row.reference, sibling, scoring.level))
+            shown.append(shown_for(scoring.source, row.problem, row.reference, sibling, scoring.level, row.report))
     groups = len(rows) // g
     out: list[TeacherContext | None] = []
     for i, row in enumerate(rows):

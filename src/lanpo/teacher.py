@@ -79,6 +79,7 @@ class Teacher:
         completion token follows the same assistant-turn header as in the plain prompt. Prompts are not
         truncated. Returns how many failed plain rows had no context to be scored under."""
         trainer, scoring, g = self.trainer, self.scoring, self.trainer.num_generations
+        reports = self.reports(rows, correct) if scoring.source == "execution" else [None] * len(rows)
         seen = [
             score.ScoredRow(
                 r.problem_id,
@@ -86,8 +87,9 @@ class Teacher:
                 r.text,
                 ok,
                 references.get(r.problem_id) or Reference(r.gold, gold_kind=r.gold_kind),
+                report,
             )
-            for r, ok in zip(rows, correct)
+            for r, ok, report in zip(rows, correct, reports)
         ]
         contexts = score.teacher_contexts(seen, g, scoring)
         contexts = [None if r.has_feedback else c for r, c in zip(rows, contexts)]  # generated rows: trained as such
@@ -119,6 +121,28 @@ class Teacher:
             answer[i, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
         output[score.ANSWER_MASK] = answer
         return sum(1 for r, c, ok in zip(rows, contexts, correct) if c is None and not r.has_feedback and not ok)
+
+    def reports(self, rows: list[Row], correct: list[bool]) -> list[str | None]:
+        """``execution``: what each plain row to be scored did on its problem's public examples, run in the reward's
+        sandbox in one batch (None: a row not scored, a generated row, or a problem that shows no example)."""
+        from lanpo.feedback.execution import try_attempts
+
+        trainer = self.trainer
+        wanted = [
+            i
+            for i, (r, ok) in enumerate(zip(rows, correct))
+            if not r.has_feedback and not (self.scoring.failed_only and ok)
+        ]
+        tried = try_attempts(
+            [(rows[i].problem, rows[i].text) for i in wanted],
+            lambda jobs: trainer.verifier.code.sandbox.run_many(jobs),
+            trainer.args.answer_extraction,
+        )
+        out: list[str | None] = [None] * len(rows)
+        for i, t in zip(wanted, tried):
+            out[i] = None if isinstance(t, str) else t.report
+        trainer._step_counts.update(f"public_{t.outcome}" for t in tried if not isinstance(t, str))
+        return out
 
     def logps(self, prompts: list[list[int]], rows: list[int], output: dict) -> list:
         """Per (prompt, row): the teacher's per-token log-probabilities of that row's completion after ``prompts``

@@ -182,7 +182,14 @@ class LanpoTrainer(GRPOTrainer):
                 write=self._write,
             )
         self.feedback_sources = make_sources(
-            SourceKit(args, self.pool, self.retriever, self._judge_model, privileged=privileged)
+            SourceKit(
+                args,
+                self.pool,
+                self.retriever,
+                self._judge_model,
+                privileged=privileged,
+                run_code=lambda jobs: self.verifier.code.sandbox.run_many(jobs),  # the reward's own sandbox
+            )
         )
         self._accuracy_index = (
             self.reward_func_names.index("accuracy") if "accuracy" in self.reward_func_names else None

@@ -1,5 +1,5 @@
-"""``lanpo eval``: mean@k / pass@k of a model on data sets, in the zero-shot, retrieval and self-correct modes
-(the evaluation itself is :mod:`lanpo.eval.evaluate`)."""
+"""``lanpo eval``: mean@k / pass@k of a model on data sets, in the zero-shot, retrieval, self-correct and
+execution modes (the evaluation itself is :mod:`lanpo.eval.evaluate`)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,8 @@ def add_parser(sub, name: str, help: str) -> None:
         "--modes",
         default=["zero-shot"],
         type=eval_modes,
-        help="comma-separated: zero-shot, retrieval, self-correct; and the privileged lift probe, reference, gold, "
+        help="comma-separated: zero-shot, retrieval, self-correct, execution (code: self-correct shown what the last "
+        "attempt did on the examples the problem shows); and the privileged lift probe, reference, gold, "
         "self-hint (training-only contexts from worked solutions and gold answers, labelled, never a test score; "
         "every mode then runs on the problems that have a worked solution) (default: zero-shot)",
     )
@@ -60,7 +61,7 @@ def add_parser(sub, name: str, help: str) -> None:
         "--rounds",
         type=at_least(1),
         default=1,
-        help="self-correct: reflection rounds after the first attempt (default 1)",
+        help="self-correct, execution: rounds of feedback after the first attempt (default 1)",
     )
     p.add_argument("--k", type=at_least(1), default=4, help="samples per problem (default 4)")
     p.add_argument(

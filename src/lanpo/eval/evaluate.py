@@ -6,7 +6,9 @@ Modes (LANPO's three inference settings):
 * ``retrieval`` — context from an experience pool: entries of *other* problems that pass the relevance
   filter, given as principles and pitfalls with the same abstraction prompt as training;
 * ``self-correct`` — reward-agnostic reflection at test time: attempt, then ``rounds`` times critique the
-  previous attempt (no grading shown) and write a new one; the last round's answer is scored.
+  previous attempt (no grading shown) and write a new one; the last round's answer is scored;
+* ``execution`` — code: as ``self-correct``, each round shown what running the last attempt on the examples its
+  statement shows did (the public examples; the hidden tests stay the score).
 
 The **privileged** modes are a lift probe, not a test: each shows the context a privileged feedback source gives in
 training (:mod:`lanpo.feedback.privileged`), built from the problem's worked solution or gold answer, to measure how
@@ -46,7 +48,7 @@ from lanpo.verify.rewards import MathVerifier
 
 logger = logging.getLogger(__name__)
 
-TEST_MODES = ("zero-shot", "retrieval", "self-correct")
+TEST_MODES = ("zero-shot", "retrieval", "self-correct", "execution")
 PRIVILEGED_MODES = PRIVILEGED_KINDS  # a probe of in-context lift, one mode a privileged kind: never a test score
 MODES = TEST_MODES + PRIVILEGED_MODES
 
@@ -262,6 +264,28 @@ def run_retrieval(
 
 
 def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    def reflections(pairs: list[tuple[str, str]]) -> list:
+        return [build_reflection_prompt(problem, [attempt]).messages for problem, attempt in pairs]
+
+    return _correct("self-correct", reflections, model, tokenizer, problems, settings, verifier)
+
+
+def run_execution(model, tokenizer, problems, settings, verifier, **_) -> ModeResult:
+    """``self-correct`` with a programmer's feedback: each round shows the last attempt and what running it on the
+    examples its statement shows did (:mod:`lanpo.feedback.execution`; the hidden tests stay the score). A problem
+    that shows no example gets a fresh attempt, counted in ``execution_fallbacks``."""
+    from lanpo.feedback.execution import try_attempts
+
+    def reports(pairs: list[tuple[str, str]]) -> list:
+        run_code = verifier.code.sandbox.run_many if any(is_code_problem(p) for p, _ in pairs) else None
+        return [t if isinstance(t, str) else t.messages for t in try_attempts(pairs, run_code, settings.extraction)]
+
+    return _correct("execution", reports, model, tokenizer, problems, settings, verifier)
+
+
+def _correct(mode, contexts_of, model, tokenizer, problems, settings, verifier) -> ModeResult:
+    """Chains of attempts: a zero-shot attempt, then ``rounds`` times a new one under ``contexts_of``'s context for
+    the last (its messages, else a reason: a fresh attempt, counted); the last round's answer is scored."""
     k = settings.k
     decoding = {
         "temperature": settings.temperature,
@@ -270,7 +294,7 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
         "batch_size": settings.batch_size,
     }
     first = generate(
-        model, tokenizer, [solve_messages(p.problem) for p in problems], n=k, progress="self-correct r0", **decoding
+        model, tokenizer, [solve_messages(p.problem) for p in problems], n=k, progress=f"{mode} r0", **decoding
     )
     chains = [[[s] for s in row] for row in first]  # problem -> sample -> attempts
     per_round = [summarize_scores(_score(verifier, problems, first), first)[f"mean@{k}"]]
@@ -278,10 +302,11 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
     fallbacks = 0
     for r in range(settings.rounds):
         flat = [(i, j) for i in range(len(problems)) for j in range(k)]
-        contexts = [build_reflection_prompt(problems[i].problem, [chains[i][j][-1].text]) for i, j in flat]
-        fallbacks += sum(c.messages is None for c in contexts)  # nothing to reflect on: a fresh attempt
-        prompts = [c.messages or solve_messages(problems[i].problem) for c, (i, _) in zip(contexts, flat)]
-        new = generate(model, tokenizer, prompts, n=1, progress=f"self-correct r{r + 1}", **decoding)
+        contexts = contexts_of([(problems[i].problem, chains[i][j][-1].text) for i, j in flat])
+        built = [c if isinstance(c, list) else None for c in contexts]  # a reason instead: a fresh attempt
+        fallbacks += sum(c is None for c in built)
+        prompts = [c or solve_messages(problems[i].problem) for c, (i, _) in zip(built, flat)]
+        new = generate(model, tokenizer, prompts, n=1, progress=f"{mode} r{r + 1}", **decoding)
         for (i, j), sample in zip(flat, new):
             chains[i][j].append(sample[0])
         latest = [[chain[-1] for chain in row] for row in chains]
@@ -292,11 +317,11 @@ def run_self_correct(model, tokenizer, problems, settings, verifier, **_) -> Mod
     metrics = summarize_scores(scores, final)
     for r, value in enumerate(per_round):
         metrics[f"mean@{k}_round{r}"] = value
-    metrics["reflection_fallbacks"] = fallbacks
+    metrics["reflection_fallbacks" if mode == "self-correct" else f"{mode}_fallbacks"] = fallbacks
     extra = [{"rounds": [[{"text": s.text, "tokens": s.num_tokens} for s in chain] for chain in row]} for row in chains]
     prompts = last_prompts or [solve_messages(p.problem) for p in problems]
     return ModeResult(
-        "self-correct",
+        mode,
         metrics,
         _records(problems, prompts, final, scores, settings.extraction, extra),
         {"rounds": settings.rounds},
@@ -419,6 +444,7 @@ def evaluate(
         "zero-shot": run_zero_shot,
         "retrieval": run_retrieval,
         "self-correct": run_self_correct,
+        "execution": run_execution,
         "reference": run_reference,
         "gold": run_gold,
         "self-hint": run_self_hint,

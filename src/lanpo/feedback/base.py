@@ -74,3 +74,4 @@ class SourceKit:
     retriever: Retriever
     judge: Callable[[], AbstractContextManager] | None = None  # the full policy for the LLM relevance judge
     privileged: Any = None  # lanpo.feedback.privileged.PrivilegedKit: references and hint levels (privileged only)
+    run_code: Callable[[list], list] | None = None  # the reward's sandbox (Sandbox.run_many): execution feedback

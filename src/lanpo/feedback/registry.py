@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from lanpo.feedback.abstraction import AbstractionSource
 from lanpo.feedback.base import FeedbackSource, SourceKit
+from lanpo.feedback.execution import ExecutionSource
 from lanpo.feedback.privileged import GoldSource, ReferenceSource, SelfHintSource
 from lanpo.feedback.reflection import ReflectionSource
 from lanpo.plan import FeedbackKind, register_kind
@@ -21,6 +22,7 @@ SOURCES: dict[str, type[FeedbackSource]] = {
     ReferenceSource.kind: ReferenceSource,
     GoldSource.kind: GoldSource,
     SelfHintSource.kind: SelfHintSource,
+    ExecutionSource.kind: ExecutionSource,
 }
 
 

@@ -16,6 +16,7 @@ from transformers import TrainerCallback
 
 from lanpo.prompts import solve_messages
 from lanpo.rollout import Row
+from lanpo.verify.sandbox import logged_gold
 
 
 class MetricsFileCallback(TrainerCallback):
@@ -62,7 +63,7 @@ def write_samples(
                         "completion": r.text,
                         "reward": float(rewards[i]),
                         "correct": bool(correct[i]) if correct is not None else None,
-                        "gold": r.gold,
+                        "gold": logged_gold(r.gold, r.gold_kind),
                         "retrieved": r.retrieved,
                     },
                     ensure_ascii=False,

@@ -297,6 +297,8 @@ def step_metrics(
         "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0)),
         **({"lanpo/ahead_attempts": float(counts["ahead_attempts"])} if counts.get("ahead_attempts") else {}),
         **hint_metrics(records, counts),
+        # execution feedback: what the attempts it showed did on their problems' public examples, by outcome
+        **{f"execution/{key}": float(value) for key, value in counts.items() if key.startswith("public_")},
     }
     if summaries.get("requested"):
         failed = summaries.get("parse_failed", 0)
