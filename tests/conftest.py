@@ -108,3 +108,16 @@ def problems_file(tmp_path) -> Path:
     path = tmp_path / "problems.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    """The code sandbox the code tests share (small bounds; skipped where bubblewrap is not installed)."""
+    from helpers.sandbox import HAS_BWRAP
+    from lanpo.verify.sandbox import Limits, Sandbox
+
+    if not HAS_BWRAP:
+        pytest.skip("bubblewrap is not installed")
+    box = Sandbox(Limits(timeout=3.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500), workers=2)
+    yield box
+    box.close()

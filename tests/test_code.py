@@ -16,6 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from helpers.sandbox import needs_bwrap
 from lanpo.data.code_tasks import FAMILIES, code_tasks
 from lanpo.data.loaders import DataError, builtin_code, load_problems, to_prompt_dataset, with_answer_column
 from lanpo.feedback.labels import clean_lessons
@@ -32,26 +33,12 @@ from lanpo.verify.code import CodeSettings, CodeVerifier, Verifier, extract_code
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 from lanpo.verify.sandbox import CodeTests, Execution, Limits, Sandbox, SandboxUnavailable
 
-needs_bwrap = pytest.mark.skipif(
-    subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
-    reason="bubblewrap is not installed (make test installs it where apt-get can): the sandbox is not tested",
-)
-
 ADD = CodeTests("add", cases=[[[1, 2], 3], [[2, 2], 4], [[0, 0], 0]])
 ADD_CHECK = CodeTests(
     "add", check="def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(0, 0) == 0\n"
 )
 ADD_ASSERTS = CodeTests("add", check="assert add(1, 2) == 3\nassert add(5, 5) == 10\n")
 RIGHT = "def add(a, b):\n    return a + b\n"
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    if subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0:
-        pytest.skip("bubblewrap is not installed")
-    box = Sandbox(Limits(timeout=3.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500), workers=2)
-    yield box
-    box.close()
 
 
 def fence(code: str) -> str:

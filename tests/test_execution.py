@@ -6,25 +6,20 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.sandbox import needs_bwrap
 from lanpo.data.code_examples import Example, comment_examples, docstring_examples, public_examples
 from lanpo.data.code_tasks import code_problem_text, code_tasks, humaneval_rows
 from lanpo.data.loaders import DataError, LoadStats, builtin_code, code_rows_to_problems, load_problems
 from lanpo.feedback.base import FeedbackRequest
 from lanpo.feedback.execution import ExecutionSource, execution_report, public_tests
 from lanpo.pool.store import ExperiencePool
-from lanpo.verify.sandbox import CodeTests, Execution, Limits, Sandbox, same_value
-
-needs_bwrap = pytest.mark.skipif(
-    subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
-    reason="bubblewrap is not installed (make test installs it where apt-get can): the sandbox is not tested",
-)
+from lanpo.verify.sandbox import CodeTests, Execution, same_value
 
 PLAIN = st.recursive(
     st.none()
@@ -224,15 +219,6 @@ def test_a_problem_without_examples_or_attempts_gets_no_context_and_says_why(tmp
 
 
 # -- in the sandbox ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def sandbox():
-    if subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0:
-        pytest.skip("bubblewrap is not installed")
-    box = Sandbox(Limits(timeout=3.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500), workers=2)
-    yield box
-    box.close()
 
 
 def test_the_runs_details_are_what_the_code_did_and_never_change_a_verdict(sandbox):

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.sandbox import needs_bwrap
 from lanpo.data.loaders import load_problems
 from lanpo.verify.code import CodeSettings, CodeVerifier
 from lanpo.verify.runner import NotPlain, decode, encode
 from lanpo.verify.sandbox import CodeTests, Limits, Sandbox
-from test_code import needs_bwrap
 
 pytestmark = needs_bwrap
 

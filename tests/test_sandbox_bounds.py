@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers.sandbox import HAS_BWRAP, needs_bwrap
 from lanpo.data.code_tasks import FAMILIES, code_tasks, expected_constants
 from lanpo.data.loaders import load_problems
 from lanpo.verify import cgroups
@@ -25,10 +26,6 @@ from lanpo.verify.cgroups import MemoryBound, own_groups
 from lanpo.verify.code import mem_available_mb
 from lanpo.verify.sandbox import CodeTests, Limits, Sandbox
 
-needs_bwrap = pytest.mark.skipif(
-    subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0,
-    reason="bubblewrap is not installed (make test installs it where apt-get can): the sandbox is not tested",
-)
 ADD = CodeTests("add", cases=[[[1, 2], 3], [[2, 2], 4]])
 RIGHT = "def add(a, b):\n    return a + b\n"
 BOUND_MB = 256
@@ -130,7 +127,7 @@ def largest_drop_mb(work) -> tuple[float, object]:
 
 @pytest.fixture(scope="module")
 def bounded():
-    if subprocess.run(["sh", "-c", "command -v bwrap"], capture_output=True).returncode != 0:
+    if not HAS_BWRAP:
         pytest.skip("bubblewrap is not installed")
     box = Sandbox(Limits(timeout=10.0, cpu_seconds=8, memory_mb=BOUND_MB), workers=2)
     yield box

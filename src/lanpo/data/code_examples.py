@@ -17,10 +17,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from lanpo.verify.code import extract_code
+
 MAX_EXAMPLES = 8  # examples read from one statement: a programmer's quick check, not a test suite
 MAX_VALUE_LINES = 5  # lines one shown value may span
 SEPARATORS = ("==>", "==", "➞", "=>", "->", "should return", "returns", "=")  # "f(x) ==> y" forms, longest first
-CODE_FENCE = re.compile(r"```[ \t]*(?:python|py)?[^\n]*\n(.*?)```", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -60,8 +61,7 @@ def _call_args(text: str, entry_point: str) -> tuple | None:
 
 def _statement_code(text: str) -> str:
     """The code a statement shows: its fenced block (the problem as lanpo states it), else the text itself."""
-    found = CODE_FENCE.search(text)
-    return found.group(1) if found else text
+    return extract_code(text, "strict") or text
 
 
 def _entry_point(code: str) -> str | None:

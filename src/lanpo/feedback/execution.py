@@ -162,17 +162,18 @@ class ExecutionSource(ReflectionSource):
         return cls(kit.pool, kit.run_code, kit.args.answer_extraction, kit.args.attempts)
 
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
-        pairs, spans = [], []  # each request's distinct attempts, run together in one batch
+        pairs, spans, shows = [], [], []  # each request's distinct attempts, run together in one batch
         for request in requests:
-            attempts = list(dict.fromkeys(self.own_attempts(request))) if public_tests(request.problem) else []
+            shows.append(public_tests(request.problem) is not None)
+            attempts = list(dict.fromkeys(self.own_attempts(request))) if shows[-1] else []
             spans.append((len(pairs), len(pairs) + len(attempts)))
             pairs += [(request.problem, attempt) for attempt in attempts]
         tried = try_attempts(pairs, self.run_code, self.extraction)
         built = []
-        for request, (start, end) in zip(requests, spans):
+        for request, (start, end), examples_shown in zip(requests, spans, shows):
             mine = tried[start:end]
             if not mine:
-                reason = "no_attempt" if public_tests(request.problem) else "no_public_examples"
+                reason = "no_attempt" if examples_shown else "no_public_examples"
                 built.append([Feedback(None, reason)] * request.rows)
                 continue
             if any(isinstance(t, str) for t in mine):  # no sandbox: one reason for the whole problem
