@@ -30,14 +30,18 @@ bookkeeping and ranking, is also timed apart, as a share of each step, in every 
 ``score-additive`` and ``score-contrastive`` (``feedback_route score``: GRPO's rows, each read by the start model
 under its gold answer, with 2 wrong answers too under the contrastive form: the teacher pass is timed apart; the
 bound, every row scored) and ``score-reference`` (the arm ``verdict-score.yaml`` runs: half a worked solution,
-additive, the default ``score_rows failed``, so only the rows that failed are read).
+additive, the default ``score_rows failed``, so only the rows that failed are read); ``execution``
+(verdict-code.yaml's arm, read from it: a failed attempt shown with what it did on the problem's public examples;
+those sandboxed runs and their reports are timed apart, as a share of each step).
 
 Settings (``--setting``):
 
 * ``embedded``: the embedded default (SmolLM2-135M fp32, 1 problem × 8 rollouts a step, 96 new tokens,
   transformers' generation);
 * ``verdict``: ``configs/experiments/verdict.yaml``'s step (4 problems × 8 rollouts of builtin:arith levels 1-3,
-  fp32 weights with bf16 autocast, vLLM colocate when vLLM is installed: run it with ``.venv-vllm/bin/python``).
+  fp32 weights with bf16 autocast, vLLM colocate when vLLM is installed: run it with ``.venv-vllm/bin/python``);
+* ``code``: ``configs/experiments/verdict-code.yaml``'s step (4 problems × 8 rollouts of builtin:code levels 2-5,
+  160 new tokens, unit tests in the sandbox, otherwise as ``verdict``).
 
 On a CUDA machine the arms train on the GPU (``--device cuda``, the default where one is visible; fp32 weights and
 bf16 autocast as on the CPU, no gradient checkpointing), every timer synchronizes the device before it reads the
@@ -45,6 +49,7 @@ clock, and each arm also reports its peak GPU memory (``torch.cuda.max_memory_al
 
     python benchmarks/step_floor.py --setting embedded [--steps 5] [--arms grpo-trl,grpo,lanpo,unsolved]
     .venv-vllm/bin/python benchmarks/step_floor.py --setting verdict --steps 4
+    .venv-vllm/bin/python benchmarks/step_floor.py --setting code --steps 6 --arms grpo,lanpo,execution
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ ARMS = (
     "score-additive",
     "score-contrastive",
     "score-reference",
+    "execution",
 )
 PARTS = (
     "generate",
@@ -99,9 +105,9 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-SCORE_GRID = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "..", "configs", "experiments", "verdict-score.yaml"
-)
+GRIDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "experiments")
+SCORE_GRID = os.path.join(GRIDS, "verdict-score.yaml")
+CODE_GRID = os.path.join(GRIDS, "verdict-code.yaml")
 
 
 def grid_arm(path: str, arm: str) -> list[str]:
@@ -130,8 +136,15 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
             "--bf16",
             "true",
         ]
-        if importlib.util.find_spec("vllm"):
-            cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
+    if setting == "code":  # verdict-code.yaml's step: its data and completion length, read from it
+        from lanpo.experiments.grid import load_grid
+
+        grid = load_grid(CODE_GRID).config("grpo", 0)
+        cli += ["--data", grid["data"], "--max_completion_length", str(grid["max_completion_length"])]
+        cli += ["--per_device_train_batch_size", str(grid["per_device_train_batch_size"])]
+        cli += ["--dtype", "float32", "--bf16", "true"]
+    if setting in ("verdict", "code") and importlib.util.find_spec("vllm"):
+        cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
     if arm.startswith("grpo"):
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
     if arm in ("score-additive", "score-contrastive"):  # GRPO's rows, every one scored under its gold answer
@@ -143,6 +156,8 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
         cli += ["--feedback_trigger", "unsolved"]
     if arm == "lanpo-ahead":
         cli += ["--reflection_source", "ahead"]
+    if arm == "execution":  # verdict-code.yaml's arm: a failed attempt and its run on the public examples
+        cli += grid_arm(CODE_GRID, arm)
     if arm in ("lanpo-lift", "lanpo-simutil"):  # verdict-worth.yaml's arms
         cli += ["--retrieval_rank", arm.removeprefix("lanpo-")]
     cli += ["--logprob_head", "trl" if arm == "grpo-trl" else "compact"]
@@ -162,6 +177,8 @@ class Clock:
         self.saves: list[float] = []
         self.worth = 0.0  # seconds of the step at hand in each entry's worth (lanpo.pool.worth)
         self.worth_steps: list[float] = []
+        self.public = 0.0  # seconds of the step at hand running attempts on public examples (execution feedback)
+        self.public_steps: list[float] = []
         self.batch: dict | None = None
         self.generated: list[tuple[list[int], int]] = []  # this step's generated rows: (prompt ids, new tokens)
         self.one_call: list[float] = []  # each step's rows generated again in one call (its own floor's generation)
@@ -252,6 +269,18 @@ class Clock:
             (ExperiencePool, "total_counts"),
         ):
             setattr(owner, name, worth_part(getattr(owner, name)))
+        import lanpo.feedback.execution
+
+        try_attempts = lanpo.feedback.execution.try_attempts
+
+        def public_tests(*args, **kwargs):  # the sandboxed runs of attempts on public examples, and their reports
+            start = time.perf_counter()
+            try:
+                return try_attempts(*args, **kwargs)
+            finally:  # apart from the parts: it lies inside the feedback phase's generation or the teacher pass
+                clock.public += time.perf_counter() - start
+
+        lanpo.feedback.execution.try_attempts = public_tests
         trainer._generate_ids = recorded(trainer._generate_ids)
         trainer._generate_single_turn = recorded(trainer._generate_single_turn)
         trainer.accelerator.backward = timed(lambda *a, **k: "backward", trainer.accelerator.backward)
@@ -287,6 +316,8 @@ class Clock:
                 clock.steps.append(dict(clock.parts))
                 clock.worth_steps.append(clock.worth)
                 clock.worth = 0.0
+                clock.public_steps.append(clock.public)
+                clock.public = 0.0
                 clock.parts.clear()
                 clock.floors.append(floor(trainer, clock.batch))
                 clock.one_call.append(generate_in_one_call(trainer, clock.generated))
@@ -418,6 +449,7 @@ def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -
         "use_vllm": bool(config.use_vllm),
         "one_call_generation": clock.one_call,
         "worth_s": clock.worth_steps,
+        "public_tests_s": clock.public_steps,
     }
     if device == "cuda":
         result["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -464,16 +496,21 @@ def summarize(runs: dict[str, dict]) -> dict:
             report[arm]["floor_s"] = [
                 {k: round(v, 2) if isinstance(v, float) else v for k, v in f.items()} for f in run["floor"]
             ]
-    worth = {}  # each entry's worth: its share of each step, against the ≤ 1% target (needs no grpo arm)
+    apart = {}  # work timed apart, as a share of each step (needs no grpo arm): each entry's worth against its
+    # ≤ 1% target, execution feedback's runs of attempts on the public examples against their ≤ 5%
     for arm, run in runs.items():
-        if any(run.get("worth_s", [])):
-            worth[f"{arm}: each entry's worth (bookkeeping + ranking), % of the step, steps 2..N"] = spread(
-                [100 * w / t for w, t in zip(run["worth_s"][later], run["step_time"][later])], digits=4
-            )
+        for key, what in (
+            ("worth_s", "each entry's worth (bookkeeping + ranking)"),
+            ("public_tests_s", "public-example runs and their reports (execution feedback)"),
+        ):
+            if any(run.get(key, [])):
+                apart[f"{arm}: {what}, % of the step, steps 2..N"] = spread(
+                    [100 * w / t for w, t in zip(run[key][later], run["step_time"][later])], digits=4
+                )
     base = "grpo" if "grpo" in runs else "grpo-trl" if "grpo-trl" in runs else None
     if base is None:
-        if worth:
-            report["ratios"] = worth
+        if apart:
+            report["ratios"] = apart
         return report
     # the floor of each GRPO step, on its own batch: a bare forward and backward, a bare forward, its generation
     grpo = runs[base]
@@ -481,7 +518,7 @@ def summarize(runs: dict[str, dict]) -> dict:
     bare = {key: median([f[key] for f in grpo["floor"][later]]) for key in ("forward+backward", "forward")}
     generation = median([s["generate"] for s in grpo["parts"][later]])
     step_floor = median(floors[later])
-    ratios = {"floor_s": step_floor, "floor_parts_s": {**bare, "generation alone": generation}, **worth}
+    ratios = {"floor_s": step_floor, "floor_parts_s": {**bare, "generation alone": generation}, **apart}
     for arm in ("grpo-trl", "grpo-compact", "grpo"):
         if arm in runs:
             own = [
@@ -563,7 +600,7 @@ def summarize(runs: dict[str, dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=("embedded", "verdict"), default="embedded")
+    parser.add_argument("--setting", choices=("embedded", "verdict", "code"), default="embedded")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument(
