@@ -274,15 +274,21 @@ def test_a_builtin_problems_examples_run_against_its_reference_solution_pass(san
 
 @needs_bwrap
 @pytest.mark.parametrize(
-    ("source", "route"),
-    [("execution", "generate"), ("execution", "score"), ("execution", "both"), ("self", "generate")],
+    ("source", "route", "trigger"),
+    [
+        ("execution", "generate", "always"),
+        ("execution", "score", "always"),
+        ("execution", "both", "always"),
+        ("execution", "generate", "unsolved"),
+        ("self", "generate", "always"),
+    ],
 )
 def test_training_with_execution_feedback_leaks_no_hidden_test_anywhere_it_writes(
-    tiny_model_dir, tmp_path, source, route
+    tiny_model_dir, tmp_path, source, route, trigger
 ):
     """A run on problems whose hidden tests hold values no statement shows: none of them reaches a prompt, a
-    sample, the pool, the metrics or the report, under execution feedback (generated rows, scored rows, both) and
-    LANPO's own sources alike."""
+    sample, the pool, the metrics or the report, under execution feedback (generated rows, scored rows, both; on
+    every group or, with ``feedback_trigger unsolved``, on the groups that failed) and LANPO's own sources alike."""
     from lanpo.report.page import write_report
     from test_code import code_trainer, fence
     from test_trainer import history, stub_summaries
@@ -305,6 +311,7 @@ def test_training_with_execution_feedback_leaks_no_hidden_test_anywhere_it_write
         max_completion_length=32,
         feedback_source=source,
         feedback_route=route,
+        feedback_trigger=trigger,
         score_rows="all",
     )
     stub_summaries(trainer)
