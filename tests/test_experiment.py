@@ -127,6 +127,13 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
         ({"stray": 1}, "unknown keys"),
         ({"extends": "missing.yaml"}, "extends, .*missing.yaml, does not exist"),
         ({"extends": "g.yaml"}, "extends it back"),
+        ({"windows": {"metric": "m"}}, "windows must be a list"),
+        ({"windows": [{"metric": "m", "steps": [3, 2]}]}, "1 <= first <= last"),
+        ({"windows": [{"metric": "m", "steps": [0, 2]}]}, "1 <= first <= last"),
+        ({"windows": [{"metric": "m", "steps": [1.5, 2]}]}, "1 <= first <= last"),
+        ({"windows": [{"metric": "", "steps": [1, 2]}]}, "must name a logged metric"),
+        ({"windows": [{"metric": "m", "steps": [1, 2], "against": "nope"}]}, "against 'nope' is not one of"),
+        ({"windows": [{"metric": "m", "steps": [1, 2], "stray": 1}]}, "a window holds metric"),
     ],
 )
 def test_bad_grids_fail_before_anything_runs(tmp_path, change, message):
@@ -810,3 +817,91 @@ def test_reuse_counts_another_grids_finished_cells_only_where_their_config_is_th
     (second_dir / "grid.yaml").write_text(yaml.safe_dump({k: v for k, v in spec.items() if k != "record"}))
     with pytest.raises(GridError, match="reuse names 'nosuch'"):
         load_grid(second_dir / "grid.yaml")
+
+
+# -- windows: a training metric over a window of steps, the mechanism a decision rule reads ---------------------
+
+
+def _series_cell(values: dict[int, float], metric: str = "lanpo/feedback_lift/abstraction") -> dict:
+    return {**_cell({0: 0.1}, {0: 0.0}), "series": {metric: values}}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lifts=st.lists(
+        st.dictionaries(st.integers(1, 30), st.floats(-1, 1, allow_nan=False), max_size=30), min_size=2, max_size=5
+    ),
+    shift=st.floats(-0.5, 0.5, allow_nan=False),
+    first=st.integers(1, 30),
+    width=st.integers(0, 29),
+)
+def test_a_window_is_each_cells_mean_over_its_steps_then_over_seeds_paired_with_its_arm(lifts, shift, first, width):
+    """Each arm's column is the mean over seeds of each cell's mean over the window, computed directly here; the
+    paired column is the arm's cell minus the other arm's, seed by seed; a cell with no step in the window is left
+    out of both."""
+    from lanpo.experiments.grid import Grid, Window
+    from lanpo.experiments.stats import window_table
+
+    last = min(30, first + width)
+    metric = "lanpo/feedback_lift/abstraction"
+    seeds = list(range(len(lifts)))
+    grid = Grid(name="g", arms={"grpo": {}, "lanpo": {}, "lift": {}}, seeds=seeds, out=Path("unused"), reference="grpo")
+    grid.windows = [Window(metric, first, last, against="lanpo")]
+    results = {
+        "grpo": {s: _cell({0: 0.1}, {0: 0.0}) for s in seeds},  # logs no lift: "not logged", no seed
+        "lanpo": {s: _series_cell(v) for s, v in enumerate(lifts)},
+        "lift": {s: _series_cell({k: x + shift for k, x in v.items()}) for s, v in enumerate(lifts)},
+    }
+    rows = {r[0]: r[1:] for r in _section_rows(window_table(grid, results), f"steps {first}-{last}", "arm")}
+    inside = [[x for k, x in v.items() if first <= k <= last] for v in lifts]
+    own = [sum(x) / len(x) for x in inside if x]
+    assert rows["lanpo"][1] == str(len(own)) and rows["lanpo"][3] == "reference"
+    assert rows["lift"][1] == str(len(own)) and rows["grpo"][1] == "0" and rows["grpo"][4] == "not logged"
+    if own:
+        assert rows["lanpo"][0] == _fmt(*mean_ci(own)[:2], None, signed=True)
+        shifted = [m + shift for m in own]
+        assert rows["lift"][0] == _fmt(*mean_ci(shifted)[:2], None, signed=True)
+        diffs = [b - a for a, b in zip(own, shifted)]
+        assert rows["lift"][3] == _fmt(*mean_ci(diffs)[:2], None, signed=True)
+        assert rows["lanpo"][2] == ", ".join(f"{m:+.3f}" for m in own)
+    else:
+        assert rows["lanpo"][0] == "—" and rows["lift"][3] == "—"
+
+
+def test_the_runner_reads_a_windows_metric_from_each_cells_log_and_writes_it_beside_the_verdict(tmp_path, monkeypatch):
+    """From the metrics files of finished cells: values that are not finite numbers are left out, and the
+    verdict file holds the window's table after the held-out one."""
+    from lanpo.experiments.stats import COMPLETE
+
+    spec = {
+        "name": "w",
+        "arms": {"grpo": {"feedback_ratio": 0.0}, "lanpo": {}},
+        "seeds": [0, 1],
+        "out": str(tmp_path / "out"),
+        "windows": [{"metric": "lanpo/feedback_lift", "steps": [2, 3], "against": "grpo"}],
+    }
+    path = tmp_path / "w.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    grid = load_grid(path)
+    logged = {
+        ("grpo", 0): {1: 0.5, 2: 0.1, 3: 0.3},
+        ("grpo", 1): {2: 0.2, 3: "nan"},
+        ("lanpo", 0): {2: -0.1, 3: -0.3, 4: 9.0},
+        ("lanpo", 1): {2: "abc", 3: 0.0},
+    }
+    for (arm, seed), values in logged.items():
+        run = grid.run_dir(arm, seed)
+        run.mkdir(parents=True)
+        rows = [{"step": 0, WALL_METRIC: 0.1}] + [
+            {"step": k, "step_time": 1.0, "lanpo/feedback_lift": v} for k, v in values.items()
+        ]
+        rows.append({"step": 4, WALL_METRIC: 0.2 if arm == "grpo" else 0.25})
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / COMPLETE).write_text(json.dumps({"config": experiment.config_hash(grid.config(arm, seed))}))
+    monkeypatch.setattr(experiment, "validate", lambda g, cells: None)
+    experiment.run_grid(grid, table_only=True)
+    verdict = (grid.out / "verdict.md").read_text()
+    assert verdict.index("each arm against `grpo`") < verdict.index("`lanpo/feedback_lift` over steps 2-3")
+    rows = {r[0]: r[1:] for r in _section_rows(verdict, "over steps 2-3", "arm")}
+    assert rows["grpo"][2] == "+0.200, +0.200" and rows["lanpo"][2] == "-0.200, +0.000"
+    assert rows["lanpo"][3] == _fmt(*mean_ci([-0.4, -0.2])[:2], None, signed=True)

@@ -24,7 +24,9 @@ table. Every cell's config is validated before any cell runs. The table (``OUT/r
 marked section of another file) compares the held-out ``eval/...mean@k`` that training logs every ``eval_every``
 steps, over seeds, at equal steps and at equal wall-clock (statistics: :mod:`lanpo.experiments.stats`);
 ``OUT/results.png`` plots both. ``OUT/verdict.md`` (optionally also a marked section of another file) is the
-one-screen summary: each arm against the reference at the last eval step and at equal wall-clock.
+one-screen summary: each arm against the reference at the last eval step and at equal wall-clock, then any
+``windows:`` the grid names (a training metric's mean over a window of steps per cell, over seeds, paired with an
+arm: the mechanism a decision rule reads, :class:`Window`).
 
 ``OUT`` is scratch space: checkpoints, models and pools, gigabytes a grid, on one machine. A grid that takes more
 sittings than one machine lasts names a ``record`` folder (``record: results/NAME``, kept under version control):
@@ -57,15 +59,28 @@ from lanpo.experiments.stats import (
     plot_results,
     results_table,
     verdict_table,
+    window_table,
     write_section,
 )
 
-GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out", "record", "reuse"}
+GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out", "record", "reuse", "windows"}
 RECORDED = (COMPLETE, "metrics.jsonl", "config.yaml")  # a finished cell's evidence, copied to the grid's record
 
 
 class GridError(ValueError):
     """A grid file that cannot run as written."""
+
+
+@dataclass(frozen=True)
+class Window:
+    """A training metric's mean over a window of steps, per cell, then over seeds (``windows:`` in a grid file):
+    the mechanism a decision rule reads beside the held-out verdict (``lanpo/feedback_lift/abstraction`` over steps
+    49-72), each arm paired by seed with ``against`` where it names an arm."""
+
+    metric: str
+    first: int
+    last: int
+    against: str | None = None
 
 
 @dataclass
@@ -79,6 +94,7 @@ class Grid:
     settings: dict = field(default_factory=dict)
     record: Path | None = None
     reuse: dict[str, Grid] = field(default_factory=dict)  # arm -> the grid whose finished cells of it count here
+    windows: list[Window] = field(default_factory=list)  # training metrics a rule reads over a window of steps
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out / arm / f"seed-{seed}"
@@ -199,7 +215,34 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
         dict(spec.get("settings") or {}),
         Path(spec["record"]) if spec.get("record") else None,
         reuse,
+        _windows(path, spec.get("windows"), arms),
     )
+
+
+def _windows(path: Path, spec, arms: dict) -> list[Window]:
+    """``windows:``: a list of ``{metric: NAME, steps: [FIRST, LAST], against: ARM}`` (``against`` optional)."""
+    if spec is None:
+        return []
+    if not isinstance(spec, list):
+        raise GridError(f"{path}: windows must be a list of {{metric, steps: [first, last], against}}, got {spec!r}.")
+    windows = []
+    for item in spec:
+        if not isinstance(item, dict) or set(item) - {"metric", "steps", "against"}:
+            raise GridError(f"{path}: a window holds metric, steps: [first, last] and optionally against: {item!r}.")
+        metric, steps, against = item.get("metric"), item.get("steps"), item.get("against")
+        if not isinstance(metric, str) or not metric:
+            raise GridError(f"{path}: a window's metric must name a logged metric, got {metric!r}.")
+        if (
+            not isinstance(steps, list)
+            or len(steps) != 2
+            or not all(type(s) is int for s in steps)
+            or not 1 <= steps[0] <= steps[1]
+        ):
+            raise GridError(f"{path}: window {metric}: steps must be [first, last], 1 <= first <= last, got {steps!r}.")
+        if against is not None and str(against) not in arms:
+            raise GridError(f"{path}: window {metric}: against {against!r} is not one of the arms ({', '.join(arms)}).")
+        windows.append(Window(metric, steps[0], steps[1], None if against is None else str(against)))
+    return windows
 
 
 def config_hash(config: dict) -> str:
@@ -453,7 +496,7 @@ def run_grid(
     plot_results(grid, results, grid.out / "results.png")
     if results_md:
         write_section(Path(results_md), grid.name, table)
-    verdict = verdict_table(grid, results)
+    verdict = "\n".join(part for part in (verdict_table(grid, results), window_table(grid, results)) if part)
     write_text_atomic(grid.out / "verdict.md", verdict)
     if verdict_md:
         write_section(Path(verdict_md), grid.name, verdict, kind="verdict")

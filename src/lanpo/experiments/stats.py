@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +30,7 @@ class Grid(Protocol):
     arms: dict[str, dict]
     seeds: list[int]
     reference: str
+    windows: list  # of lanpo.experiments.grid.Window: metric, first, last, against
 
     def run_dir(self, arm: str, seed: int) -> Path: ...
     def result_dir(self, arm: str, seed: int) -> Path: ...
@@ -101,9 +103,9 @@ def _step(value) -> int | None:
     return int(number) if number is not None and number == int(number) and number >= 0 else None
 
 
-def cell_results(run: Path) -> dict:
-    """One finished cell: eval series by step, training seconds by step, mean step time, and the means over its
-    training steps of the ``TRAINING`` metrics.
+def cell_results(run: Path, series: Sequence[str] = ()) -> dict:
+    """One finished cell: eval series by step, training seconds by step, mean step time, the means over its
+    training steps of the ``TRAINING`` metrics, and the step-by-step values of the metrics named in ``series``.
 
     ``step_time`` is logged at TRL's logging steps as the mean over the steps since the last one, so the clock
     advances by it times that many steps; an eval step between two logged ones gets its time by interpolation.
@@ -148,8 +150,20 @@ def cell_results(run: Path) -> dict:
     for column, key in TRAINING.items():
         values = [v for row in rows if (v := _number(row.get(key))) is not None]
         training[column] = sum(values) / len(values) if values else None
+    kept = {key: {} for key in series}
+    for row in rows:
+        step = _step(row.get("step"))
+        for key in kept:
+            if step is not None and (value := _number(row.get(key))) is not None:
+                kept[key][step] = value
     last = max(timed)
-    return {"evals": evals, "seconds": seconds, "step_time": clock / last if last else None, "training": training}
+    return {
+        "evals": evals,
+        "seconds": seconds,
+        "step_time": clock / last if last else None,
+        "training": training,
+        "series": kept,
+    }
 
 
 def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
@@ -157,12 +171,13 @@ def collect(grid: Grid, unfinished: bool = False) -> dict[str, dict[int, dict]]:
     ``unfinished``, also of the cells in OUT that logged steps but did not finish (stopped, failed or still
     running), marked ``"unfinished": True``."""
     found: dict[str, dict[int, dict]] = {}
+    series = sorted({w.metric for w in grid.windows})
     for arm, seed in grid.cells():
         run, done = grid.run_dir(arm, seed), grid.result_dir(arm, seed)
         if (done / COMPLETE).is_file():
-            found.setdefault(arm, {})[seed] = cell_results(done)
+            found.setdefault(arm, {})[seed] = cell_results(done, series)
         elif unfinished and (run / "metrics.jsonl").is_file():
-            found.setdefault(arm, {})[seed] = {**cell_results(run), "unfinished": True}
+            found.setdefault(arm, {})[seed] = {**cell_results(run, series), "unfinished": True}
     return found
 
 
@@ -398,6 +413,49 @@ def verdict_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
             else:
                 reading = f"{readings[0]} at equal steps, {readings[1]} at equal wall-clock"
             lines.append(f"| {arm} | {overrides} | {cells[0]} | {cells[1]} | {count} | {reading} | {landing} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def window_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
+    """Per window of the grid (``windows:``): each cell's mean of the metric over the window's steps, then per arm
+    the mean over seeds (95% CI), and, against the window's ``against`` arm, the difference paired by seed with
+    its reading. A cell that logged the metric at no step of the window counts for nothing (``—``)."""
+    lines = []
+    for window in grid.windows:
+        means: dict[str, dict[int, float]] = {}
+        for arm, cells in results.items():
+            for seed, cell in cells.items():
+                values = [
+                    v
+                    for step, v in cell.get("series", {}).get(window.metric, {}).items()
+                    if window.first <= step <= window.last
+                ]
+                if values:
+                    means.setdefault(arm, {})[seed] = sum(values) / len(values)
+        against = window.against
+        lines += [
+            f"### Grid `{grid.name}`, `{window.metric}` over steps {window.first}-{window.last}: each cell's mean, "
+            "then over seeds",
+            "",
+            "Mean over seeds ± 95% CI half-width (Student t)"
+            + (f"; against `{against}`, paired by seed" if against else "")
+            + ". A cell that logged the metric at no step of the window is left out.",
+            "",
+            "| arm | mean over seeds | seeds | per seed |" + (f" − {against} (paired) | reading |" if against else ""),
+            "|---|---|---|---|" + ("---|---|" if against else ""),
+        ]
+        for arm in grid.arms:
+            own = means.get(arm, {})
+            per_seed = ", ".join(f"{own[s]:+.3f}" for s in sorted(own)) or "—"
+            row = f"| {arm} | {_short(list(own.values()), signed=True)} | {len(own)} | {per_seed} |"
+            if against:
+                if arm == against:
+                    row += " reference | — |"
+                else:
+                    diffs = _paired(means, arm, against)
+                    row += f" {_short(diffs, signed=True)} | {_reading(diffs) if own else 'not logged'} |"
+            lines.append(row)
         lines.append("")
     return "\n".join(lines)
 
