@@ -852,7 +852,8 @@ def test_a_window_is_each_cells_mean_over_its_steps_then_over_seeds_paired_with_
         "lanpo": {s: _series_cell(v) for s, v in enumerate(lifts)},
         "lift": {s: _series_cell({k: x + shift for k, x in v.items()}) for s, v in enumerate(lifts)},
     }
-    rows = {r[0]: r[1:] for r in _section_rows(window_table(grid, results), f"steps {first}-{last}", "arm")}
+    title = f"over steps {first}-{last}" if first < last else f"at step {first}: each cell's value"
+    rows = {r[0]: r[1:] for r in _section_rows(window_table(grid, results), title, "arm")}
     inside = [[x for k, x in v.items() if first <= k <= last] for v in lifts]
     own = [sum(x) / len(x) for x in inside if x]
     assert rows["lanpo"][1] == str(len(own)) and rows["lanpo"][3] == "reference"

@@ -434,9 +434,13 @@ def window_table(grid: Grid, results: dict[str, dict[int, dict]]) -> str:
                 if values:
                     means.setdefault(arm, {})[seed] = sum(values) / len(values)
         against = window.against
+        span = (
+            f"at step {window.first}: each cell's value"
+            if window.first == window.last
+            else f"over steps {window.first}-{window.last}: each cell's mean"
+        )
         lines += [
-            f"### Grid `{grid.name}`, `{window.metric}` over steps {window.first}-{window.last}: each cell's mean, "
-            "then over seeds",
+            f"### Grid `{grid.name}`, `{window.metric}` {span}, then over seeds",
             "",
             "Mean over seeds ± 95% CI half-width (Student t)"
             + (f"; against `{against}`, paired by seed" if against else "")
