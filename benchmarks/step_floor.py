@@ -126,25 +126,17 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
         cli += ["--use_cpu", "false", "--gradient_checkpointing", "false"]
     cli += ["--save_strategy", "steps", "--save_steps", str(steps), "--eval_every", "0"]  # one checkpoint, timed
     if setting == "verdict":
-        cli += [
-            "--data",
-            "builtin:arith?levels=1,2,3",
-            "--per_device_train_batch_size",
-            "32",
-            "--dtype",
-            "float32",
-            "--bf16",
-            "true",
-        ]
-    if setting == "code":  # verdict-code.yaml's step: its data and completion length, read from it
+        cli += ["--data", "builtin:arith?levels=1,2,3", "--per_device_train_batch_size", "32"]
+    if setting == "code":  # verdict-code.yaml's step: its data, batch and completion length, read from it
         from lanpo.experiments.grid import load_grid
 
-        grid = load_grid(CODE_GRID).config("grpo", 0)
-        cli += ["--data", grid["data"], "--max_completion_length", str(grid["max_completion_length"])]
-        cli += ["--per_device_train_batch_size", str(grid["per_device_train_batch_size"])]
+        config = load_grid(CODE_GRID).config("grpo", 0)
+        cli += ["--data", config["data"], "--max_completion_length", str(config["max_completion_length"])]
+        cli += ["--per_device_train_batch_size", str(config["per_device_train_batch_size"])]
+    if setting in ("verdict", "code"):  # fp32 weights, bf16 autocast, vLLM colocate where it is installed
         cli += ["--dtype", "float32", "--bf16", "true"]
-    if setting in ("verdict", "code") and importlib.util.find_spec("vllm"):
-        cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
+        if importlib.util.find_spec("vllm"):
+            cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
     if arm.startswith("grpo"):
         cli += ["--feedback_ratio", "0", "--summaries_per_group", "0"]
     if arm in ("score-additive", "score-contrastive"):  # GRPO's rows, every one scored under its gold answer

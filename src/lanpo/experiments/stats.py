@@ -114,6 +114,7 @@ def cell_results(run: Path, series: Sequence[str] = ()) -> dict:
 
     rows = read_metrics(run)
     evals: dict[str, dict[int, float]] = {}
+    kept: dict[str, dict[int, float]] = {key: {} for key in series}
     timed = {0: 0.0}  # step -> training seconds, at the steps whose step_time was logged
     clock = 0.0
     dropped = 0
@@ -136,6 +137,9 @@ def cell_results(run: Path, series: Sequence[str] = ()) -> dict:
                     dropped += 1
                     continue
                 evals.setdefault(key, {})[step] = number  # a resumed run's repeat: the last
+        for key, values in kept.items():
+            if (value := _number(row.get(key))) is not None:
+                values[step] = value
     if dropped:
         print(
             f"warning: {run / 'metrics.jsonl'}: left out {dropped} values that are not finite numbers", file=sys.stderr
@@ -150,12 +154,6 @@ def cell_results(run: Path, series: Sequence[str] = ()) -> dict:
     for column, key in TRAINING.items():
         values = [v for row in rows if (v := _number(row.get(key))) is not None]
         training[column] = sum(values) / len(values) if values else None
-    kept = {key: {} for key in series}
-    for row in rows:
-        step = _step(row.get("step"))
-        for key in kept:
-            if step is not None and (value := _number(row.get(key))) is not None:
-                kept[key][step] = value
     last = max(timed)
     return {
         "evals": evals,
