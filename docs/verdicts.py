@@ -12,7 +12,7 @@ from lanpo.experiments.grid import load_grid
 from lanpo.experiments.stats import collect, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-GRIDS = ("verdict-sources", "verdict-score", "verdict-ahead")  # the grids whose cells are recorded in results/
+GRIDS = ("verdict-sources", "verdict-score", "verdict-ahead", "verdict-worth")  # the grids whose cells are recorded in results/
 METRIC = "eval/arith/zero-shot/mean@4"
 REFERENCE = "grpo"
 
@@ -45,8 +45,8 @@ def main() -> None:
     from lanpo.run.plots import _plt
 
     plt = _plt()
-    fig, axes = plt.subplots(1, len(GRIDS), figsize=(5.2 * len(GRIDS), 4.2), sharey=True)
-    for ax, name in zip(axes, GRIDS):
+    fig, axes = plt.subplots(2, 2, figsize=(10.4, 8.4), sharey=True)
+    for ax, name in zip(axes.flat, GRIDS):
         grid = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml", reference=REFERENCE)
         curves = paired_curves(collect(grid))
         for arm, points in curves.items():
@@ -59,7 +59,8 @@ def main() -> None:
         ax.axhline(0.0, color="black", linewidth=1, label="grpo")
         ax.set(title=name, xlabel="step")
         ax.legend(fontsize=8, loc="lower left")
-    axes[0].set_ylabel("held-out mean@4 − GRPO (paired, 95% band)")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("held-out mean@4 − GRPO (paired, 95% band)")
     fig.suptitle("Every recorded arm against GRPO, SmolLM2-135M, builtin:arith held out, 5 seeds")
     fig.tight_layout()
     out = ROOT / "docs" / "verdicts.png"
