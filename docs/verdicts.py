@@ -12,7 +12,12 @@ from lanpo.experiments.grid import load_grid
 from lanpo.experiments.stats import collect, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-GRIDS = ("verdict-sources", "verdict-score", "verdict-ahead", "verdict-worth")  # the grids whose cells are recorded in results/
+GRIDS = (
+    "verdict-sources",
+    "verdict-score",
+    "verdict-ahead",
+    "verdict-worth",
+)  # the grids whose cells are recorded in results/
 METRIC = "eval/arith/zero-shot/mean@4"
 REFERENCE = "grpo"
 
