@@ -12,12 +12,8 @@ from lanpo.experiments.grid import load_grid
 from lanpo.experiments.stats import collect, mean_ci
 
 ROOT = Path(__file__).resolve().parents[1]
-GRIDS = (
-    "verdict-sources",
-    "verdict-score",
-    "verdict-ahead",
-    "verdict-worth",
-)  # the grids whose cells are recorded in results/
+# the grids whose cells are recorded in results/ (verdict and verdict-sft ran before cells were recorded)
+GRIDS = sorted(path.name for path in (ROOT / "results").iterdir() if path.is_dir())
 METRIC = "eval/arith/zero-shot/mean@4"
 REFERENCE = "grpo"
 
@@ -50,7 +46,10 @@ def main() -> None:
     from lanpo.run.plots import _plt
 
     plt = _plt()
-    fig, axes = plt.subplots(2, 2, figsize=(10.4, 8.4), sharey=True)
+    rows = -(-len(GRIDS) // 2)  # two panels a row, as many rows as the grids need
+    fig, axes = plt.subplots(rows, 2, figsize=(10.4, 4.2 * rows), sharey=True, squeeze=False)
+    for ax in axes.flat[len(GRIDS) :]:
+        ax.set_visible(False)
     for ax, name in zip(axes.flat, GRIDS):
         grid = load_grid(ROOT / "configs" / "experiments" / f"{name}.yaml", reference=REFERENCE)
         curves = paired_curves(collect(grid))
