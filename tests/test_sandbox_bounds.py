@@ -105,6 +105,22 @@ time.sleep(3)
 KILLED_BY_THE_GROUP = {"fork and fill", "a chain of subprocesses", "anonymous maps"}  # the threads meet RLIMIT_AS
 
 
+def least_drop_mb(work, within_mb: float, tries: int = 3) -> tuple[float, object]:
+    """The smallest of up to ``tries`` runs' drops of MemAvailable, stopping at the first within ``within_mb``.
+
+    Anything else the machine does while ``work()`` runs (another job on a shared CI host, the page cache giving way)
+    only adds to a drop, never takes from it, so the least of a few runs is the better reading of what the run itself
+    took; a run its bound does not hold takes 720-880 MB every time, so repeats cannot hide it."""
+    least = None
+    for _ in range(tries):
+        drop, result = largest_drop_mb(work)
+        if least is None or drop < least[0]:
+            least = (drop, result)
+        if drop <= within_mb:
+            break
+    return least
+
+
 def largest_drop_mb(work) -> tuple[float, object]:
     """How far MemAvailable fell below where it stood while ``work()`` ran (sampled every 10 ms), and its result."""
     start = mem_available_mb()
@@ -144,7 +160,7 @@ def groups_of(pid: int, parent: Path | None) -> list[str]:
 @pytest.mark.parametrize("kind", sorted(FILLERS))
 def test_a_runs_processes_together_take_no_more_than_its_bound(bounded, kind):
     code = FILLERS[kind] + RIGHT
-    drop, result = largest_drop_mb(lambda: bounded.run(code, ADD))
+    drop, result = least_drop_mb(lambda: bounded.run(code, ADD), BOUND_MB + OVERHEAD_MB)
     assert drop <= BOUND_MB + OVERHEAD_MB, (kind, round(drop), bounded.bound.describe(), result)
     if bounded.bound.kind != "rlimits":  # the group's own count: exact
         assert result.peak_mb is not None and result.peak_mb <= BOUND_MB, result
@@ -157,7 +173,7 @@ def test_a_runs_processes_together_take_no_more_than_its_bound(bounded, kind):
 @needs_bwrap
 def test_the_bound_holds_for_each_run_with_several_workers(bounded):
     code = FILLERS["fork and fill"] + RIGHT
-    drop, results = largest_drop_mb(lambda: bounded.run_many([(code, ADD), (code, ADD)]))
+    drop, results = least_drop_mb(lambda: bounded.run_many([(code, ADD), (code, ADD)]), 2 * BOUND_MB + OVERHEAD_MB)
     assert drop <= 2 * BOUND_MB + OVERHEAD_MB, (round(drop), results)
     if bounded.bound.kind != "rlimits":
         assert [r.outcome for r in results] == ["crashed", "crashed"]
@@ -172,7 +188,7 @@ def test_without_a_control_group_the_rlimits_split_the_bound_over_the_processes(
         assert box.run(RIGHT, ADD).outcome == "passed"  # the runner itself fits in its share
         if os.geteuid() == 0:  # the process limit holds, so the total does
             assert box.bound.total and "8 processes x 64 MB" in box.bound.describe()
-            drop, result = largest_drop_mb(lambda: box.run(FILLERS["fork and fill"] + RIGHT, ADD))
+            drop, result = least_drop_mb(lambda: box.run(FILLERS["fork and fill"] + RIGHT, ADD), 512 + OVERHEAD_MB)
             assert drop <= 512 + OVERHEAD_MB, (round(drop), result)
         else:
             assert not box.bound.total and "not in total" in box.bound.describe()
