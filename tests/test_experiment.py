@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lanpo.cli import main
+from lanpo.engine.models import cpu_bf16_native
 from lanpo.experiments import grid as experiment
 from lanpo.experiments.grid import GridError, load_grid
 from lanpo.experiments.stats import _fmt, interpolate, mean_ci, prediction_interval
@@ -65,6 +66,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
             cell = json.loads((out / arm / f"seed-{seed}" / "cell.json").read_text())
             assert cell["arm"] == arm and cell["seed"] == seed
             assert cell["machine"]["cpu"] and cell["machine"]["cores"] >= 1  # what ran it, for the record
+            assert cell["machine"]["bf16_native"] is cpu_bf16_native()
     metric = "eval/arith/zero-shot/mean@2"
     assert f"### {metric}, by step" in table and f"### {metric}, at equal wall-clock" in table
     rows = [line for line in table.splitlines() if line.startswith("| 2 |")]

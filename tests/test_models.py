@@ -6,14 +6,20 @@ import time
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
+from lanpo.engine import models
 from lanpo.engine.models import (
     EMBEDDED_MODELS,
+    cpu_bf16_native,
     default_extraction,
     embedded_gguf_path,
+    emulated_bf16,
     load_model,
     parse_dtype,
     resolve_model_path,
+    warn_emulated_bf16,
 )
 
 
@@ -213,3 +219,42 @@ def test_cpu_share_counts_other_programs_not_this_process_or_its_children():
         os.kill(other, 9)
     assert own is not None and own < 0.5, own
     assert elsewhere is not None and 0.6 < elsewhere < 1.6, elsewhere
+
+
+# -- bf16 on a CPU that only emulates it ---------------------------------------------------------------------------
+
+
+@given(bf16=st.booleans(), bf16_sampler=st.booleans(), native=st.booleans())
+def test_emulated_bf16_names_each_part_in_bf16_and_nothing_on_a_native_cpu(bf16, bf16_sampler, native):
+    slow = emulated_bf16(bf16, bf16_sampler, native)
+    assert len(slow) == (0 if native else bf16 + bf16_sampler)
+    assert any("training pass" in part for part in slow) == (bf16 and not native)
+    assert any("sampler" in part for part in slow) == (bf16_sampler and not native)
+
+
+def test_native_bf16_is_a_bool_and_false_where_torch_cannot_tell(monkeypatch):
+    assert isinstance(cpu_bf16_native(), bool)
+
+    def broken():
+        raise RuntimeError("no oneDNN in this build")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", broken)
+    assert cpu_bf16_native() is False
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_the_emulated_bf16_warning_names_the_cost_and_the_remedy_only_where_bf16_is_emulated(
+    monkeypatch, caplog, native
+):
+    monkeypatch.setattr(models, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level("WARNING", logger="lanpo.engine.models"):
+        warn_emulated_bf16(True, True, "Set bf16 false.")
+        warn_emulated_bf16(False, False, "Nothing runs in bf16.")
+    messages = [r.getMessage() for r in caplog.records]
+    if native:
+        assert messages == []
+    else:
+        assert len(messages) == 1
+        assert "training pass" in messages[0] and "vLLM sampler" in messages[0] and "Set bf16 false." in messages[0]
+        assert models.EMULATED_BF16_PASS in messages[0] and models.EMULATED_BF16_SAMPLER in messages[0]

@@ -504,3 +504,29 @@ def test_the_command_line_prints_step_lines_and_no_library_deprecation_warnings(
     text = done.stdout + done.stderr
     assert "FutureWarning" not in text and "are deprecated" not in text, text[-3000:]
     assert "step 1/1 | reward" in text and "{'loss'" not in text
+
+
+class _Stop(Exception):
+    """Raised in place of building the trainer: what `lanpo train` said before it is all a test needs."""
+
+
+@pytest.mark.parametrize("bf16", ["true", "false"])
+def test_training_warns_before_the_model_loads_when_bf16_would_be_emulated(
+    tiny_model_dir, tmp_path, monkeypatch, caplog, bf16
+):
+    import lanpo.trainer
+    from lanpo.commands import train
+    from lanpo.engine import models
+
+    def stop(*args, **kwargs):
+        raise _Stop
+
+    monkeypatch.setattr(models, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(lanpo.trainer, "LanpoTrainer", stop)
+    with caplog.at_level("WARNING", logger="lanpo.engine.models"), pytest.raises(_Stop):
+        train.run(tiny_args(tiny_model_dir, tmp_path / "run", bf16=bf16))
+    warned = [r.getMessage() for r in caplog.records if "no native bf16" in r.getMessage()]
+    assert len(warned) == (bf16 == "true")
+    if warned:
+        assert "the training pass (bf16: true)" in warned[0] and "Set bf16 false" in warned[0]
+        assert "sampler" not in warned[0].split("will run in it")[0]  # no vLLM sampler in this run

@@ -472,11 +472,13 @@ def run(argv: list[str]) -> Path:
 
     from lanpo.data.loaders import load_problems, to_prompt_dataset
     from lanpo.data.presets import training_split
+    from lanpo.engine import vllm_cpu
     from lanpo.engine.models import (
         check_model_name,
         load_tokenizer,
         resolve_model_path,
         size_cpu_threads,
+        warn_emulated_bf16,
         weights_on_disk,
     )
     from lanpo.eval.during_training import load_eval_problems
@@ -566,6 +568,12 @@ def run(argv: list[str]) -> Path:
         set_model_dtype(config, model_args)
         try:
             model_path = resolve_model_path(model_args.model_name_or_path)
+            warn_emulated_bf16(
+                config.bf16,
+                vllm_cpu.applies(config),
+                "Set bf16 false for the training pass. TRL leaves the colocate sampler's dtype to vLLM, which picks "
+                "bfloat16 on CPU; lanpo has no switch for it.",
+            )
             if any(p.gold_kind == "code" for p in problems):  # the sandboxes' memory beside the model's, checked now
                 config.code_workers = fit_code_workers(
                     config.code_workers, weights_on_disk(model_path), 5 if config.beta > 0 else 4

@@ -321,6 +321,11 @@ def load_vllm(path: str, dtype: str = "auto", seed: int = 0, max_model_len: int 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
+    from lanpo.engine.models import warn_emulated_bf16
+
+    bf16 = str(dtype).removeprefix("torch.") in ("None", "auto", "bfloat16", "bf16")  # vLLM's CPU "auto": bf16
+    warn_emulated_bf16(False, bf16, "Pass --dtype float32.")
+
     return LLM(
         model=path,
         dtype=dtype if dtype not in (None, "auto") else "auto",

@@ -289,6 +289,49 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.float32
 
 
+# benchmarks/cpu_bf16.py on a 2-core AVX2 AMD EPYC (no AVX512-BF16, no AMX), 2026-12-06
+EMULATED_BF16_PASS = "28.8 times"  # 4 rows of 128 tokens: 114.1 s against 3.96 s
+EMULATED_BF16_SAMPLER = "54 tokens/s in bfloat16 against 256 in float32"  # 64 x 160 tokens
+
+
+def cpu_bf16_native() -> bool:
+    """Whether this CPU computes bf16 natively (AVX512-BF16 or AMX, through oneDNN). Where it does not (an AVX2-only
+    CPU), torch emulates every bf16 matmul: ``benchmarks/cpu_bf16.py`` measures what that costs."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):  # a torch built without oneDNN: nothing native to count on
+        return False
+
+
+def emulated_bf16(bf16: bool, bf16_sampler: bool, native: bool) -> list[str]:
+    """What runs in bf16 on a CPU that only emulates it: the training pass under ``bf16`` (TRL's autocast), and a
+    vLLM sampler in bfloat16 (on CPU, vLLM's "auto" dtype is bfloat16 even for a float32 checkpoint)."""
+    if native:
+        return []
+    slow = ["the training pass (bf16: true)"] if bf16 else []
+    if bf16_sampler:
+        slow.append("the vLLM sampler (bfloat16)")
+    return slow
+
+
+def warn_emulated_bf16(bf16: bool, bf16_sampler: bool, remedy: str) -> None:
+    """Say, once, on a CPU without native bf16, what will run in emulated bf16 and what it costs."""
+    if torch.cuda.is_available():
+        return
+    slow = emulated_bf16(bf16, bf16_sampler, cpu_bf16_native())
+    if slow:
+        logger.warning(
+            "This CPU has no native bf16 (torch's capability here: %s), so torch emulates it, and %s will run in it. "
+            "On a 2-core AVX2 CPU (benchmarks/cpu_bf16.py) SmolLM2-135M's forward and backward pass took %s as long "
+            "under bf16 autocast as in float32, and vLLM sampled %s. %s",
+            torch.backends.cpu.get_cpu_capability(),
+            " and ".join(slow),
+            EMULATED_BF16_PASS,
+            EMULATED_BF16_SAMPLER,
+            remedy,
+        )
+
+
 def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     if dtype is None or dtype == "auto":
         return default_dtype(device)

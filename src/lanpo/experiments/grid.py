@@ -388,7 +388,14 @@ def machine() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch_threads": os.environ.get("OMP_NUM_THREADS")}
+    from lanpo.engine.models import cpu_bf16_native
+
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": os.environ.get("OMP_NUM_THREADS"),
+        "bf16_native": cpu_bf16_native(),  # without it, a bf16: true cell runs many times slower (emulated)
+    }
 
 
 def drop_checkpoints(run: Path) -> None:
