@@ -55,7 +55,7 @@ def sampler_rate(path: str, dtype: str, prompts: int, max_tokens: int) -> float:
 
     texts = [f"Write a Python function that returns the sum of the first {i} squares." for i in range(prompts)]
     params = SamplingParams(temperature=0.7, max_tokens=max_tokens, ignore_eos=True)  # a per-request seed is slower
-    llm = LLM(path, dtype=dtype, max_model_len=2048, seed=0)
+    llm = LLM(path, dtype=dtype, max_model_len=2048, seed=0)  # as TRL's colocate engine builds it (prefix cache on)
     llm.generate(texts[:4], params, use_tqdm=False)  # warm-up
     start = time.perf_counter()
     outputs = llm.generate(texts, params, use_tqdm=False)

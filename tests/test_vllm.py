@@ -395,3 +395,14 @@ def test_the_scoring_route_trains_under_vllm_with_pi_old_from_the_loss(vllm_mode
     # (two problems a batch may share their gold: the contrastive form then contrasts with the answer's neighbours)
     assert all(v == v and abs(v) != float("inf") for v in history(trainer, "loss"))
     assert min(history(trainer, "score/rows")) == 8
+
+
+@pytest.mark.parametrize("name, dtype", [("fp32", "float32"), ("bf16", "bfloat16")])
+def test_load_vllm_takes_lanpos_short_dtype_names(vllm_model_dir, name, dtype):
+    """`lanpo eval --dtype fp32` reaches vLLM as torch.float32: vLLM itself refuses the short names."""
+    import torch
+
+    from lanpo.engine.generation import load_vllm
+
+    llm = load_vllm(str(vllm_model_dir), dtype=name, max_model_len=256)
+    assert llm.llm_engine.model_config.dtype == getattr(torch, dtype)

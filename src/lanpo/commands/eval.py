@@ -91,7 +91,7 @@ def add_parser(sub, name: str, help: str) -> None:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"],
-        help="auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16",
+        help="auto (HF: fp32 on CPU, bf16 on GPU; vLLM: its own choice, bf16 on CPU), float32, bfloat16, float16",
     )
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 … (default: GPU when present)")
     backend_arg(p)

@@ -321,14 +321,19 @@ def load_vllm(path: str, dtype: str = "auto", seed: int = 0, max_model_len: int 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
-    from lanpo.engine.models import warn_emulated_bf16
+    from lanpo.engine.models import parse_dtype, warn_emulated_bf16
 
-    bf16 = str(dtype).removeprefix("torch.") in ("None", "auto", "bfloat16", "bf16")  # vLLM's CPU "auto": bf16
-    warn_emulated_bf16(False, bf16, "Pass --dtype float32.")
+    # vLLM takes torch dtypes, not lanpo's short names (fp32, bf16); its own "auto" is bfloat16 on CPU
+    dtype = "auto" if dtype in (None, "auto") else parse_dtype(dtype, "cpu")
+    warn_emulated_bf16(
+        False,
+        dtype in ("auto", torch.bfloat16),
+        "`lanpo eval --dtype float32` avoids it (sft-data's teacher has no such flag).",
+    )
 
     return LLM(
         model=path,
-        dtype=dtype if dtype not in (None, "auto") else "auto",
+        dtype=dtype,
         seed=seed,
         max_model_len=max_model_len,
         enable_prefix_caching=False,

@@ -315,7 +315,7 @@ def emulated_bf16(bf16: bool, bf16_sampler: bool, native: bool) -> list[str]:
 
 
 def warn_emulated_bf16(bf16: bool, bf16_sampler: bool, remedy: str) -> None:
-    """Say, once, on a CPU without native bf16, what will run in emulated bf16 and what it costs."""
+    """On a CPU without native bf16: warn what will run in emulated bf16, what it costs, and ``remedy``."""
     if torch.cuda.is_available():
         return
     slow = emulated_bf16(bf16, bf16_sampler, cpu_bf16_native())
