@@ -1,5 +1,7 @@
 """bf16 against float32 on this CPU, side by side in one run: what ``bf16: true`` costs where the CPU has no native
-bf16 (no AVX512-BF16 or AMX; torch then emulates it) and what it saves where it has.
+bf16 (no AVX512-BF16 or AMX) and what it saves where it has. Without native bf16, each bf16 case runs twice: with
+torch's own bf16 kernels and with lanpo's (``lanpo.engine.bf16_matmul``: float32
+GEMMs of the bf16 operands, what `lanpo train` installs there).
 
 1. **Training pass.** A forward and backward pass of SmolLM2-135M (the embedded default) on ``--batch`` rows of
    ``--tokens`` tokens, float32 weights, once plain and once under ``torch.autocast("cpu", torch.bfloat16)`` (what
@@ -23,6 +25,7 @@ import time
 
 import torch
 
+from lanpo.engine import bf16_matmul
 from lanpo.engine.models import cpu_bf16_native, resolve_model_path
 
 
@@ -33,7 +36,10 @@ def training_pass(path: str, batch: int, tokens: int, repeats: int) -> dict[str,
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = torch.randint(0, model.config.vocab_size, (batch, tokens))
     seconds = {}
-    for mode in ("float32", "bf16 autocast"):
+    modes = ["float32", "bf16 autocast"] + ([] if cpu_bf16_native() else ["bf16 autocast, lanpo's matmuls"])
+    for mode in modes:
+        if mode.endswith("lanpo's matmuls"):
+            bf16_matmul.install()
         times = []
         for _ in range(1 + repeats):
             start = time.perf_counter()
@@ -42,13 +48,18 @@ def training_pass(path: str, batch: int, tokens: int, repeats: int) -> dict[str,
             loss.backward()
             model.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - start)
+        bf16_matmul.uninstall()
         seconds[mode] = statistics.median(times[1:])
-        print(f"  {mode:14s} forward+backward {batch}x{tokens}: {seconds[mode]:.2f} s (median of {repeats})")
+        print(f"  {mode:30s} forward+backward {batch}x{tokens}: {seconds[mode]:.2f} s (median of {repeats})")
     return seconds
 
 
 def sampler_rate(path: str, dtype: str, prompts: int, max_tokens: int) -> float:
-    """One engine's sampling rate (tokens/s); one engine a process (two in one process clash over thread binding)."""
+    """One engine's sampling rate (tokens/s); one engine a process (two in one process clash over thread binding).
+    ``dtype`` "bfloat16+lanpo" is bfloat16 with lanpo's matmuls."""
+    if dtype.endswith("+lanpo"):
+        dtype = dtype.removesuffix("+lanpo")
+        bf16_matmul.install()
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
@@ -64,12 +75,12 @@ def sampler_rate(path: str, dtype: str, prompts: int, max_tokens: int) -> float:
 
 def sampler(args) -> dict[str, float]:
     rates = {}
-    for dtype in ("bfloat16", "float32"):
+    for dtype in ("bfloat16", "float32") + (() if cpu_bf16_native() else ("bfloat16+lanpo",)):
         command = [sys.executable, __file__, "--model", args.model, "--prompts", str(args.prompts)]
         command += ["--max-tokens", str(args.max_tokens), "--vllm-one", dtype]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         rates[dtype] = float(done.stdout.strip().splitlines()[-1])
-        print(f"  vLLM {dtype:9s} {args.prompts} x {args.max_tokens} tokens: {rates[dtype]:.0f} tokens/s")
+        print(f"  vLLM {dtype:14s} {args.prompts} x {args.max_tokens} tokens: {rates[dtype]:.0f} tokens/s")
     return rates
 
 
@@ -96,9 +107,14 @@ def main() -> None:
     if args.vllm:
         rates = sampler(args)
         print(f"float32 / bfloat16 sampling rate: {rates['float32'] / rates['bfloat16']:.2f}x")
+        if "bfloat16+lanpo" in rates:
+            print(f"float32 / bfloat16 with lanpo's matmuls: {rates['float32'] / rates['bfloat16+lanpo']:.2f}x")
     else:
         seconds = training_pass(path, args.batch, args.tokens, args.repeats)
         print(f"bf16 autocast / float32 time: {seconds['bf16 autocast'] / seconds['float32']:.2f}x")
+        lanpos = seconds.get("bf16 autocast, lanpo's matmuls")
+        if lanpos:
+            print(f"bf16 autocast with lanpo's matmuls / float32 time: {lanpos / seconds['float32']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -80,6 +80,16 @@ def build_tiny_model(path: Path, seed: int = 0, vocab_size: int = 320, hidden: i
     return path
 
 
+@pytest.fixture(autouse=True)
+def _torch_bf16_matmuls_after_each_test():
+    """A test that trains or loads in bf16 on a CPU without native bf16 installs lanpo's bf16 matmuls process-wide
+    (as `lanpo train` does); the next test starts with torch's own kernels."""
+    yield
+    from lanpo.engine import bf16_matmul
+
+    bf16_matmul.uninstall()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

@@ -67,6 +67,7 @@ def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_ta
             assert cell["arm"] == arm and cell["seed"] == seed
             assert cell["machine"]["cpu"] and cell["machine"]["cores"] >= 1  # what ran it, for the record
             assert cell["machine"]["bf16_native"] is cpu_bf16_native()
+            assert cell["machine"]["bf16_matmul"] == ("native" if cpu_bf16_native() else "fp32-accumulate")
     metric = "eval/arith/zero-shot/mean@2"
     assert f"### {metric}, by step" in table and f"### {metric}, at equal wall-clock" in table
     rows = [line for line in table.splitlines() if line.startswith("| 2 |")]

@@ -18,8 +18,8 @@ from lanpo.engine.models import (
     emulated_bf16,
     load_model,
     parse_dtype,
+    prepare_emulated_bf16,
     resolve_model_path,
-    warn_emulated_bf16,
 )
 
 
@@ -224,10 +224,11 @@ def test_cpu_share_counts_other_programs_not_this_process_or_its_children():
 # -- bf16 on a CPU that only emulates it ---------------------------------------------------------------------------
 
 
-@given(bf16=st.booleans(), bf16_sampler=st.booleans(), native=st.booleans())
-def test_emulated_bf16_names_each_part_in_bf16_and_nothing_on_a_native_cpu(bf16, bf16_sampler, native):
-    slow = emulated_bf16(bf16, bf16_sampler, native)
-    assert len(slow) == (0 if native else bf16 + bf16_sampler)
+@given(bf16=st.booleans(), bf16_sampler=st.booleans(), native=st.booleans(), model=st.booleans())
+def test_emulated_bf16_names_each_part_in_bf16_and_nothing_on_a_native_cpu(bf16, bf16_sampler, native, model):
+    slow = emulated_bf16(bf16, bf16_sampler, native, model)
+    assert len(slow) == (0 if native else bf16 + bf16_sampler + model)
+    assert any("loaded in bfloat16" in part for part in slow) == (model and not native)
     assert any("training pass" in part for part in slow) == (bf16 and not native)
     assert any("sampler" in part for part in slow) == (bf16_sampler and not native)
 
@@ -243,18 +244,31 @@ def test_native_bf16_is_a_bool_and_false_where_torch_cannot_tell(monkeypatch):
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_the_emulated_bf16_warning_names_the_cost_and_the_remedy_only_where_bf16_is_emulated(
-    monkeypatch, caplog, native
+@pytest.mark.parametrize("setting", ["", "torch"])
+def test_emulated_bf16_gets_lanpos_matmuls_or_a_warning_with_the_cost_and_the_remedy(
+    monkeypatch, caplog, native, setting
 ):
+    from lanpo.engine import bf16_matmul
+
     monkeypatch.setattr(models, "cpu_bf16_native", lambda: native)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with caplog.at_level("WARNING", logger="lanpo.engine.models"):
-        warn_emulated_bf16(True, True, "Set bf16 false.")
-        warn_emulated_bf16(False, False, "Nothing runs in bf16.")
-    messages = [r.getMessage() for r in caplog.records]
+    monkeypatch.setenv(bf16_matmul.ENV, setting)
+    with caplog.at_level("INFO", logger="lanpo.engine.models"):
+        prepare_emulated_bf16(False, False, "Nothing runs in bf16.")
+        assert not bf16_matmul.installed() and caplog.records == []
+        prepare_emulated_bf16(True, True, "Set bf16 false.")
+    messages = [(r.levelname, r.getMessage()) for r in caplog.records]
     if native:
-        assert messages == []
+        assert messages == [] and not bf16_matmul.installed()
+        return
+    assert len(messages) == 1
+    level, message = messages[0]
+    assert "training pass" in message and "vLLM sampler" in message
+    if setting == "torch":  # torch's own kernels, as asked: the cost and the remedy
+        assert level == "WARNING" and not bf16_matmul.installed()
+        assert models.EMULATED_BF16_PASS in message and models.EMULATED_BF16_SAMPLER in message
+        assert "Set bf16 false." in message
     else:
-        assert len(messages) == 1
-        assert "training pass" in messages[0] and "vLLM sampler" in messages[0] and "Set bf16 false." in messages[0]
-        assert models.EMULATED_BF16_PASS in messages[0] and models.EMULATED_BF16_SAMPLER in messages[0]
+        assert level == "INFO" and bf16_matmul.installed()
+        assert models.UPCAST_BF16_PASS in message and models.UPCAST_BF16_SAMPLER in message
+        assert f"{bf16_matmul.ENV}=torch" in message

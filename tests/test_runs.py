@@ -511,22 +511,30 @@ class _Stop(Exception):
 
 
 @pytest.mark.parametrize("bf16", ["true", "false"])
-def test_training_warns_before_the_model_loads_when_bf16_would_be_emulated(
-    tiny_model_dir, tmp_path, monkeypatch, caplog, bf16
+@pytest.mark.parametrize("setting", ["", "torch"])
+def test_training_takes_lanpos_bf16_matmuls_or_warns_before_the_model_loads_when_bf16_would_be_emulated(
+    tiny_model_dir, tmp_path, monkeypatch, caplog, bf16, setting
 ):
     import lanpo.trainer
     from lanpo.commands import train
-    from lanpo.engine import models
+    from lanpo.engine import bf16_matmul, models
+
+    installed_when_built = []
 
     def stop(*args, **kwargs):
+        installed_when_built.append(bf16_matmul.installed())
         raise _Stop
 
     monkeypatch.setattr(models, "cpu_bf16_native", lambda: False)
     monkeypatch.setattr(lanpo.trainer, "LanpoTrainer", stop)
-    with caplog.at_level("WARNING", logger="lanpo.engine.models"), pytest.raises(_Stop):
+    monkeypatch.setenv(bf16_matmul.ENV, setting)
+    with caplog.at_level("INFO", logger="lanpo.engine.models"), pytest.raises(_Stop):
         train.run(tiny_args(tiny_model_dir, tmp_path / "run", bf16=bf16))
-    warned = [r.getMessage() for r in caplog.records if "no native bf16" in r.getMessage()]
-    assert len(warned) == (bf16 == "true")
-    if warned:
-        assert "the training pass (bf16: true)" in warned[0] and "Set bf16 false" in warned[0]
-        assert "sampler" not in warned[0].split("will run in it")[0]  # no vLLM sampler in this run
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if "no native bf16" in r.getMessage()]
+    assert len(said) == (bf16 == "true")
+    assert installed_when_built == [bf16 == "true" and setting == ""]  # before the model loads
+    if said:
+        level, message = said[0]
+        assert level == ("WARNING" if setting else "INFO") and "the training pass (bf16: true)" in message
+        assert ("Set bf16 false" in message) == (setting == "torch")
+        assert "sampler" not in message.split("bf16:")[0]  # no vLLM sampler in this run

@@ -476,9 +476,9 @@ def run(argv: list[str]) -> Path:
     from lanpo.engine.models import (
         check_model_name,
         load_tokenizer,
+        prepare_emulated_bf16,
         resolve_model_path,
         size_cpu_threads,
-        warn_emulated_bf16,
         weights_on_disk,
     )
     from lanpo.eval.during_training import load_eval_problems
@@ -568,7 +568,7 @@ def run(argv: list[str]) -> Path:
         set_model_dtype(config, model_args)
         try:
             model_path = resolve_model_path(model_args.model_name_or_path)
-            warn_emulated_bf16(
+            prepare_emulated_bf16(
                 config.bf16,
                 vllm_cpu.applies(config),
                 "Set bf16 false for the training pass. TRL leaves the colocate sampler's dtype to vLLM, which picks "

@@ -321,11 +321,11 @@ def load_vllm(path: str, dtype: str = "auto", seed: int = 0, max_model_len: int 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM
 
-    from lanpo.engine.models import parse_dtype, warn_emulated_bf16
+    from lanpo.engine.models import parse_dtype, prepare_emulated_bf16
 
     # vLLM takes torch dtypes, not lanpo's short names (fp32, bf16); its own "auto" is bfloat16 on CPU
     dtype = "auto" if dtype in (None, "auto") else parse_dtype(dtype, "cpu")
-    warn_emulated_bf16(
+    prepare_emulated_bf16(
         False,
         dtype in ("auto", torch.bfloat16),
         "`lanpo eval --dtype float32` avoids it (sft-data's teacher has no such flag).",

@@ -289,9 +289,13 @@ def default_dtype(device: str) -> torch.dtype:
     return torch.float32
 
 
-# benchmarks/cpu_bf16.py on a 2-core AVX2 AMD EPYC (no AVX512-BF16, no AMX), 2026-12-06
-EMULATED_BF16_PASS = "28.8 times"  # 4 rows of 128 tokens: 114.1 s against 3.96 s
+# benchmarks/cpu_bf16.py on a 2-core AVX2 AMD EPYC (no AVX512-BF16, no AMX), 2026-12-06 and 2026-12-07
+EMULATED_BF16_PASS = "28.8 times"  # torch's bf16 kernels, 4 rows of 128 tokens: 114.1 s against 3.96 s
 EMULATED_BF16_SAMPLER = "54 tokens/s in bfloat16 against 256 in float32"  # 64 x 160 tokens
+# lanpo's float32-accumulate kernels (lanpo.engine.bf16_matmul), 2026-12-07: the same pass 5.88 s (torch's 119.85 s,
+# float32 4.28 s); the same sampling
+UPCAST_BF16_PASS = "1.37 times as long as in float32 (28.0 times with torch's bf16 kernels)"
+UPCAST_BF16_SAMPLER = "147 tokens/s (55 with torch's bf16 kernels, 247 in float32)"
 
 
 def cpu_bf16_native() -> bool:
@@ -303,33 +307,58 @@ def cpu_bf16_native() -> bool:
         return False
 
 
-def emulated_bf16(bf16: bool, bf16_sampler: bool, native: bool) -> list[str]:
-    """What runs in bf16 on a CPU that only emulates it: the training pass under ``bf16`` (TRL's autocast), and a
-    vLLM sampler in bfloat16 (on CPU, vLLM's "auto" dtype is bfloat16 even for a float32 checkpoint)."""
+def emulated_bf16(bf16: bool, bf16_sampler: bool, native: bool, bf16_model: bool = False) -> list[str]:
+    """What runs in bf16 on a CPU that only emulates it: the training pass under ``bf16`` (TRL's autocast), a
+    vLLM sampler in bfloat16 (on CPU, vLLM's "auto" dtype is bfloat16 even for a float32 checkpoint), a model
+    loaded in bfloat16."""
     if native:
         return []
     slow = ["the training pass (bf16: true)"] if bf16 else []
     if bf16_sampler:
         slow.append("the vLLM sampler (bfloat16)")
+    if bf16_model:
+        slow.append("the model (loaded in bfloat16)")
     return slow
 
 
-def warn_emulated_bf16(bf16: bool, bf16_sampler: bool, remedy: str) -> None:
-    """On a CPU without native bf16: warn what will run in emulated bf16, what it costs, and ``remedy``."""
+def prepare_emulated_bf16(bf16: bool, bf16_sampler: bool, remedy: str, bf16_model: bool = False) -> None:
+    """On a CPU without native bf16, where something will run in bf16: compute its bf16 matmuls as float32 GEMMs
+    of the bf16 operands (:mod:`lanpo.engine.bf16_matmul`: the same arithmetic as a native bf16 GEMM, at float32's
+    speed) and say so; where ``LANPO_BF16_MATMUL=torch`` keeps torch's slow kernels, warn what that costs and
+    ``remedy``."""
+    from lanpo.engine import bf16_matmul
+
     if torch.cuda.is_available():
         return
-    slow = emulated_bf16(bf16, bf16_sampler, cpu_bf16_native())
-    if slow:
-        logger.warning(
-            "This CPU has no native bf16 (torch's capability here: %s), so torch emulates it, and %s will run in it. "
-            "On a 2-core AVX2 CPU (benchmarks/cpu_bf16.py) SmolLM2-135M's forward and backward pass took %s as long "
-            "under bf16 autocast as in float32, and vLLM sampled %s. %s",
-            torch.backends.cpu.get_cpu_capability(),
+    slow = emulated_bf16(bf16, bf16_sampler, cpu_bf16_native(), bf16_model)
+    if not slow:
+        return
+    capability = torch.backends.cpu.get_cpu_capability()
+    if bf16_matmul.install():
+        logger.info(
+            "This CPU has no native bf16 (torch's capability here: %s), and %s will run in bf16: lanpo computes its "
+            "bf16 matmuls as float32 GEMMs of the bf16 operands, rounded once to bf16 (what a native bf16 GEMM "
+            "computes). On a 2-core AVX2 CPU (benchmarks/cpu_bf16.py) SmolLM2-135M's forward and backward pass took "
+            "%s under bf16 autocast, and vLLM sampled %s. %s=torch keeps torch's own bf16 kernels.",
+            capability,
             " and ".join(slow),
-            EMULATED_BF16_PASS,
-            EMULATED_BF16_SAMPLER,
-            remedy,
+            UPCAST_BF16_PASS,
+            UPCAST_BF16_SAMPLER,
+            bf16_matmul.ENV,
         )
+        return
+    logger.warning(
+        "This CPU has no native bf16 (torch's capability here: %s), %s=torch keeps torch's emulation of it, and %s "
+        "will run in it. On a 2-core AVX2 CPU (benchmarks/cpu_bf16.py) SmolLM2-135M's forward and backward pass took "
+        "%s as long under bf16 autocast as in float32, and vLLM sampled %s. Unset %s, or: %s",
+        capability,
+        bf16_matmul.ENV,
+        " and ".join(slow),
+        EMULATED_BF16_PASS,
+        EMULATED_BF16_SAMPLER,
+        bf16_matmul.ENV,
+        remedy,
+    )
 
 
 def parse_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
@@ -387,6 +416,8 @@ def load_model(
     device = device or default_device()
     torch_dtype = parse_dtype(dtype, device)
     path = resolve_model_path(name_or_path)
+    if device == "cpu":
+        prepare_emulated_bf16(False, False, "Load it in float32.", bf16_model=torch_dtype == torch.bfloat16)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype)
     except OSError as error:

@@ -388,13 +388,16 @@ def machine() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
     except OSError:
         pass
+    from lanpo.engine import bf16_matmul
     from lanpo.engine.models import cpu_bf16_native
 
+    native = cpu_bf16_native()
     return {
         "cpu": cpu,
         "cores": os.cpu_count(),
         "torch_threads": os.environ.get("OMP_NUM_THREADS"),
-        "bf16_native": cpu_bf16_native(),  # without it, a bf16: true cell runs many times slower (emulated)
+        "bf16_native": native,  # without it, a bf16 matmul is emulated: lanpo's float32-accumulate kernels or torch's
+        "bf16_matmul": bf16_matmul.mode(native),
     }
 
 
