@@ -164,6 +164,9 @@ def test_install_is_idempotent_and_uninstall_gives_torchs_kernels_back(monkeypat
     assert not bf16_matmul.installed() and torch.equal(a @ b, before)
     monkeypatch.setenv(bf16_matmul.ENV, "torch")
     assert bf16_matmul.install() is False and not bf16_matmul.installed()
+    monkeypatch.delenv(bf16_matmul.ENV)
+    monkeypatch.delattr(torch.library, "get_kernel")  # a torch that cannot keep its kernel beside lanpo's
+    assert bf16_matmul.mode(False) == "torch" and bf16_matmul.install() is False and not bf16_matmul.installed()
 
 
 @pytest.mark.parametrize(

@@ -32,10 +32,11 @@ _library: torch.library.Library | None = None
 
 def mode(native: bool) -> str:
     """How this process computes CPU bf16 matmuls: ``native`` (the CPU's bf16 units), ``fp32-accumulate`` (this
-    module) or ``torch`` (torch's emulation, kept on request)."""
+    module) or ``torch`` (torch's emulation: asked for, or a torch without ``torch.library.get_kernel``)."""
     if native:
         return "native"
-    return "torch" if os.environ.get(ENV, "").strip().lower() == "torch" else "fp32-accumulate"
+    asked = os.environ.get(ENV, "").strip().lower() == "torch"
+    return "torch" if asked or not hasattr(torch.library, "get_kernel") else "fp32-accumulate"
 
 
 def installed() -> bool:
@@ -77,7 +78,8 @@ def _kernel(name: str):
 
 def install() -> bool:
     """Compute this process's CPU bf16 matmuls as float32 GEMMs of the bf16 operands (idempotent). Returns whether
-    they are (false where ``LANPO_BF16_MATMUL=torch`` asks for torch's own kernels)."""
+    they are (false where ``LANPO_BF16_MATMUL=torch`` asks for torch's own kernels, or torch is too old to keep
+    them beside these)."""
     global _library
     if _library is not None:
         return True

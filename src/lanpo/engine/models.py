@@ -348,11 +348,11 @@ def prepare_emulated_bf16(bf16: bool, bf16_sampler: bool, remedy: str, bf16_mode
         )
         return
     logger.warning(
-        "This CPU has no native bf16 (torch's capability here: %s), %s=torch keeps torch's emulation of it, and %s "
+        "This CPU has no native bf16 (torch's capability here: %s), torch's emulation of it stays (%s), and %s "
         "will run in it. On a 2-core AVX2 CPU (benchmarks/cpu_bf16.py) SmolLM2-135M's forward and backward pass took "
         "%s as long under bf16 autocast as in float32, and vLLM sampled %s. Unset %s, or: %s",
         capability,
-        bf16_matmul.ENV,
+        f"{bf16_matmul.ENV}=torch" if os.environ.get(bf16_matmul.ENV) else "this torch has no torch.library.get_kernel",
         " and ".join(slow),
         EMULATED_BF16_PASS,
         EMULATED_BF16_SAMPLER,
