@@ -272,3 +272,15 @@ def test_emulated_bf16_gets_lanpos_matmuls_or_a_warning_with_the_cost_and_the_re
         assert level == "INFO" and bf16_matmul.installed()
         assert models.UPCAST_BF16_PASS in message and models.UPCAST_BF16_SAMPLER in message
         assert f"{bf16_matmul.ENV}=torch" in message
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_a_model_loaded_in_bf16_on_a_cpu_without_it_gets_lanpos_bf16_matmuls(tiny_model_dir, monkeypatch, dtype):
+    from lanpo.engine import bf16_matmul
+
+    monkeypatch.setattr(models, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv(bf16_matmul.ENV, raising=False)
+    model, _ = models.load_model(str(tiny_model_dir), dtype=dtype, device="cpu")
+    assert bf16_matmul.installed() == (dtype == "bf16")
+    assert next(model.parameters()).dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
