@@ -63,9 +63,10 @@ SFT_DEFAULTS = {
 
 def run_sft(argv: list[str]) -> Path:
     """``lanpo sft --data FILE.jsonl --model M [SFTConfig fields...]``; returns the directory of the final model."""
+    import torch
     from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
-    from lanpo.engine.models import load_tokenizer, prepare_emulated_bf16, resolve_model_path
+    from lanpo.engine.models import load_tokenizer, parse_dtype, prepare_emulated_bf16, resolve_model_path
     from lanpo.run.files import MetricsFileCallback
     from lanpo.run.final import save_final_model
 
@@ -78,7 +79,8 @@ def run_sft(argv: list[str]) -> Path:
     if model_args.dtype and model_args.dtype != "auto":
         config.model_init_kwargs = {**(config.model_init_kwargs or {}), "dtype": model_args.dtype}
     logger.info("SFT of %s on %d examples from %s", model_args.model_name_or_path, len(dataset), sft_args.data)
-    prepare_emulated_bf16(config.bf16, False, "Set bf16 false.", bf16_model=model_args.dtype in ("bfloat16", "bf16"))
+    bf16_model = parse_dtype(model_args.dtype, "cpu") == torch.bfloat16
+    prepare_emulated_bf16(config.bf16, False, "Set bf16 false.", bf16_model=bf16_model)
     # Prompt/completion rows: TRL computes the loss on the completion (the assistant turn) only.
     trainer = SFTTrainer(
         model=model_path,

@@ -1,8 +1,8 @@
 """bf16 matmuls on a CPU without native bf16, as float32 GEMMs of the bf16 operands.
 
 Where a CPU has no AVX512-BF16 or AMX, torch computes a bf16 matmul in a slow reference kernel: SmolLM2-135M's
-forward and backward pass under bf16 autocast took 28.8 times as long as in float32 on a 2-core AVX2 EPYC, and
-vLLM's CPU sampler (oneDNN cannot build a bf16 matmul there, so it falls back to torch's) sampled 4.7 times more
+forward and backward pass under bf16 autocast took 28.0 times as long as in float32 on a 2-core AVX2 EPYC, and
+vLLM's CPU sampler (oneDNN cannot build a bf16 matmul there, so it falls back to torch's) sampled 4.5 times more
 slowly (``benchmarks/cpu_bf16.py``). A native bf16 GEMM multiplies bf16 operands and accumulates the products in
 float32 before rounding the result to bf16. Every product of two bf16 numbers is exact in float32 (8 + 8 significant
 bits), so upcasting the operands, multiplying in float32 and rounding once computes the same thing, up to the order
@@ -30,13 +30,27 @@ ENV = "LANPO_BF16_MATMUL"  # "torch": keep torch's bf16 kernels where bf16 is em
 _library: torch.library.Library | None = None
 
 
+def torch_kept_because() -> str | None:
+    """Why torch's own bf16 kernels stay where bf16 is emulated (``LANPO_BF16_MATMUL=torch``, or a torch that cannot
+    keep its kernel beside lanpo's), or None where lanpo's run."""
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting not in ("", "torch", "fp32-accumulate"):
+        raise ValueError(
+            f"{ENV}={os.environ[ENV]!r}: say torch (torch's own bf16 kernels) or fp32-accumulate (lanpo's)"
+        )
+    if setting == "torch":
+        return f"{ENV}=torch"
+    if not hasattr(torch.library, "get_kernel"):
+        return "this torch has no torch.library.get_kernel"
+    return None
+
+
 def mode(native: bool) -> str:
     """How this process computes CPU bf16 matmuls: ``native`` (the CPU's bf16 units), ``fp32-accumulate`` (this
-    module) or ``torch`` (torch's emulation: asked for, or a torch without ``torch.library.get_kernel``)."""
+    module) or ``torch`` (torch's emulation: see :func:`torch_kept_because`)."""
     if native:
         return "native"
-    asked = os.environ.get(ENV, "").strip().lower() == "torch"
-    return "torch" if asked or not hasattr(torch.library, "get_kernel") else "fp32-accumulate"
+    return "torch" if torch_kept_because() else "fp32-accumulate"
 
 
 def installed() -> bool:
@@ -83,7 +97,7 @@ def install() -> bool:
     global _library
     if _library is not None:
         return True
-    if mode(native=False) == "torch":
+    if torch_kept_because():
         return False
     library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():  # torch warns, with its whole dispatch table, that a kernel is overridden
