@@ -121,7 +121,7 @@ def test_export_import_round_trip_and_an_export_with_a_bad_line_imports_nothing(
     exported = tmp_path / "pool.jsonl"
     assert export_jsonl(source, exported) == 4  # header, 2 entries, 1 attempt
     target = ExperiencePool()
-    assert import_jsonl(target, exported) == {"entries": 2, "attempts": 1}
+    assert import_jsonl(target, exported) == {"entries": 2, "attempts": 1, "entry_worth": 0, "reflection_worth": 0}
     assert target.digest() == source.digest()
     with exported.open("a") as handle:
         handle.write("{broken\n")

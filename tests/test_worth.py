@@ -3,6 +3,7 @@ rankings that use them, and the records kept in the pool."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -217,6 +218,38 @@ def test_export_and_import_carry_every_record(tmp_path):
         assert moved == {"q2": pool.entry_worth()[ids[2]]}
         assert other.reflection_worth() == pool.reflection_worth()
     pool.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shown=st.lists(st.tuples(st.integers(0, 3), st.floats(-1, 1), st.booleans()), max_size=6),
+    reflected=st.lists(st.tuples(st.sampled_from(["q0", "q1", "q9"]), st.floats(-1, 1), st.booleans()), max_size=4),
+)
+def test_the_pool_cli_carries_every_worth_record_through_export_and_import(tmp_path_factory, shown, reflected):
+    from lanpo.cli import main
+
+    tmp = tmp_path_factory.mktemp("cli")
+    with ExperiencePool(tmp / "a.sqlite") as pool:
+        ids = pool.add([PoolEntry(f"q{i}", f"problem {i}", "plan", ["a principle"], ["a pitfall"]) for i in range(4)])
+        seen = [Observation(ids[i], lift, float(ok), ok) for i, lift, ok in shown]
+        pool.add_attempts([], StepWorth(1, seen, [Observation(p, lift, float(ok), ok) for p, lift, ok in reflected]))
+        digest = pool.digest()
+    assert main(["pool", "export", str(tmp / "a.sqlite"), str(tmp / "a.jsonl")]) == 0
+    assert main(["pool", "import", str(tmp / "b.sqlite"), str(tmp / "a.jsonl")]) == 0  # the CLI, not the API
+    with ExperiencePool(tmp / "b.sqlite", readonly=True) as copy:
+        assert copy.digest() == digest  # entries, attempts and both worth tables, numbers as stored
+
+
+def test_an_export_of_reflection_records_alone_imports(tmp_path, capsys):
+    from lanpo.cli import main
+
+    worth = Worth().observe(-0.25, 0.0, False, 3)
+    record = {"type": "reflection_worth", "problem_id": "q7", **dataclasses.asdict(worth)}
+    (tmp_path / "r.jsonl").write_text(json.dumps(record) + "\n")
+    assert main(["pool", "import", str(tmp_path / "b.sqlite"), str(tmp_path / "r.jsonl")]) == 0
+    assert json.loads(capsys.readouterr().out)["reflection_worth"] == 1
+    with ExperiencePool(tmp_path / "b.sqlite", readonly=True) as pool:
+        assert pool.reflection_worth() == {"q7": worth}
 
 
 @pytest.mark.parametrize("bad", ['"worth": {"uses": "many"}', '"worth": {"lift_sum": NaN}', '"worth": {"uses": 1.5}'])

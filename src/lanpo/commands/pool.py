@@ -46,19 +46,14 @@ def add_parser(sub, name: str, help: str) -> None:
 
 
 def command(args) -> int:
-    from lanpo.pool.io import export_jsonl, read_export
+    from lanpo.pool.io import export_jsonl, import_export, read_export
     from lanpo.pool.store import ExperiencePool, resolve_pool_path
 
     if args.action == "import":
-        entries, attempts = read_export(args.source)  # all checked before the pool is opened: a bad export
-        with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:  # creates nothing
-            pool.add(entries, attempts=attempts)
-        print(
-            json.dumps(
-                {"pool": str(resolve_pool_path(args.pool)), "entries": len(entries), "attempts": len(attempts)},
-                indent=2,
-            )
-        )
+        export = read_export(args.source)  # all checked before the pool is opened: a bad export creates nothing
+        with ExperiencePool(args.pool, cap_per_problem=args.cap) as pool:
+            counts = import_export(pool, export)
+        print(json.dumps({"pool": str(resolve_pool_path(args.pool)), **counts}, indent=2))
         return 0
     if args.action == "audit":
         return audit_command(args)

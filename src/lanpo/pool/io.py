@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import NamedTuple
 
 from lanpo.pool.store import SCHEMA_VERSION, Attempt, ExperiencePool, PoolEntry, PoolError, is_sqlite_file
 from lanpo.pool.worth import Worth
@@ -100,15 +101,28 @@ def _worth(data: dict) -> Worth:
     return Worth(**values)
 
 
-def read_export(path: str | Path) -> tuple[list[PoolEntry], list[Attempt]]:
-    """Every entry and attempt of an export, checked: a bad line (not JSON, not UTF-8, a missing or mistyped
-    field, an unknown type, a newer schema) raises :class:`PoolError` naming the lines, so an import is all or
-    nothing."""
-    return read_export_with_worth(path)[:2]
+class Export(NamedTuple):
+    """An export's content, every line checked (:func:`read_export`)."""
+
+    entries: list[PoolEntry]
+    attempts: list[Attempt]
+    worth: list[Worth | None]  # one per entry: its worth record, None where it was never shown
+    reflection_worth: dict[str, Worth]  # problem id -> the reflection rows' record
+
+    def counts(self) -> dict[str, int]:
+        """What an import of it adds, by kind (``lanpo pool import`` prints this)."""
+        return {
+            "entries": len(self.entries),
+            "attempts": len(self.attempts),
+            "entry_worth": sum(w is not None for w in self.worth),
+            "reflection_worth": len(self.reflection_worth),
+        }
 
 
-def read_export_with_worth(path: str | Path) -> tuple[list[PoolEntry], list[Attempt], list, dict]:
-    """:func:`read_export`, with each entry's worth record (or None) and the reflection records."""
+def read_export(path: str | Path) -> Export:
+    """Every entry, attempt and worth record of an export, checked: a bad line (not JSON, not UTF-8, a missing or
+    mistyped field, an unknown type, a newer schema) raises :class:`PoolError` naming the lines, so an import is all
+    or nothing. An export with none of them is refused (nothing to import)."""
     path = check_export(path)
     entries: list[PoolEntry] = []
     attempts: list[Attempt] = []
@@ -156,14 +170,19 @@ def read_export_with_worth(path: str | Path) -> tuple[list[PoolEntry], list[Atte
             f"; and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
         )
         raise PoolError(f"{path}: {len(bad)} bad line(s), nothing imported (an import is all or nothing): {shown}")
-    if not entries and not attempts:
-        raise PoolError(f"{path} holds no entry and no attempt: nothing to import.")
-    return entries, attempts, records, reflections
+    if not entries and not attempts and not reflections:
+        raise PoolError(f"{path} holds no entry, no attempt and no worth record: nothing to import.")
+    return Export(entries, attempts, records, reflections)
 
 
-def import_jsonl(pool: ExperiencePool, path: str | Path) -> dict:
-    """Add every entry and attempt of an export, with their worth records, to ``pool`` in one transaction, or none
-    (see :func:`read_export`). Returns the counts."""
-    entries, attempts, records, reflections = read_export_with_worth(path)
-    pool.add(entries, attempts=attempts, worth=records, reflection_worth=reflections)
-    return {"entries": len(entries), "attempts": len(attempts)}
+def import_export(pool: ExperiencePool, export: Export) -> dict[str, int]:
+    """Add everything ``export`` holds (entries with their worth records, attempts, reflection records) to ``pool``
+    in one transaction, or nothing. Returns :meth:`Export.counts`. The one way in: ``lanpo pool import`` and
+    :func:`import_jsonl` both come here."""
+    pool.add(export.entries, attempts=export.attempts, worth=export.worth, reflection_worth=export.reflection_worth)
+    return export.counts()
+
+
+def import_jsonl(pool: ExperiencePool, path: str | Path) -> dict[str, int]:
+    """Read the export at ``path`` (:func:`read_export`) and import it into ``pool`` (:func:`import_export`)."""
+    return import_export(pool, read_export(path))
