@@ -90,6 +90,117 @@ def test_every_reference_solution_passes_its_own_tests_and_a_wrong_one_fails():
     assert sum(wrong_scores) < 0.05 * len(problems)
 
 
+def _credits(task, source: str) -> bool:
+    """Whether ``source`` passes every hidden case of ``task``, compared as the sandbox compares (through JSON)."""
+    from lanpo.data.code_tasks import _reference, json_copy
+    from lanpo.verify.sandbox import same_value
+
+    try:
+        function = _reference(task.tests.entry_point, source)
+        return all(same_value(function(*json_copy(args)), value) for args, value in task.tests.cases)
+    except Exception:
+        return False
+
+
+def test_one_token_mutants_change_one_token_of_the_code_and_never_the_docstring():
+    from lanpo.data.mutants import mutants
+
+    source = 'def f(xs):\n    """Keep x > 4 and x != 7."""\n    return [x for x in xs if x > 4 and x != 7]\n'
+    changes = sorted(m.what for m in mutants(source))
+    assert changes == sorted(
+        ["line 3: > to >=", "line 3: 4 to 3", "line 3: 4 to 5", "line 3: != to ==", "line 3: 7 to 6", "line 3: 7 to 8"]
+        + ["line 3: and to or"]
+    )
+    assert all('"""Keep x > 4 and x != 7."""' in m.source for m in mutants(source))
+    assert mutants("def f(:\n") == []
+
+
+@settings(max_examples=5, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_builtin_code_tests_credit_no_near_miss_of_the_reference_over_seeds(seed):
+    """Of every one-token mutant of every task's reference (a boundary, an off-by-one constant, and/or, a
+    comparison's sense), at most 5% pass the hidden tests, and each one that does is the same function: it agrees
+    with the reference on hundreds of drawn inputs and on every input at the task's constants."""
+    import random
+
+    from lanpo.data.code_tasks import FAMILIES, _draw, _reference, boundary_cases, json_copy
+    from lanpo.data.mutants import mutants
+    from lanpo.verify.sandbox import same_value
+
+    run = credited = 0
+    for split in ("train", "test"):
+        for task in code_tasks([1, 2, 3, 4, 5], 1000, seed, split):
+            family = FAMILIES[int(task.task.split(":")[0])]
+            const = family.consts[[str(c) for c in family.consts].index(task.task.split(":", 1)[1])]
+            reference = _reference(task.tests.entry_point, task.solution)
+            own = random.Random(seed)
+            probe = boundary_cases(family, const, task.solution) + [_draw(family.args, own) for _ in range(200)]
+            for mutant in mutants(task.solution):
+                run += 1
+                if _credits(task, mutant.source):
+                    credited += 1
+                    near = _reference(task.tests.entry_point, mutant.source)
+                    assert all(same_value(near(*json_copy(a)), reference(*json_copy(a))) for a in probe), mutant.what
+    assert run > 300 and credited <= 0.05 * run
+
+
+def test_drawn_tests_are_the_ones_the_recorded_code_cells_ran_on():
+    """``tests=drawn`` keeps builtin:code's tests as they were when verdict-code's cells ran (the grid pins it):
+    the problems of its training and test specs, over its five seeds, hash as they did at 420abaf."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for spec in ("builtin:code?levels=2,3,4,5&tests=drawn", "builtin:code?levels=2,3,4,5&split=test&tests=drawn"):
+        for seed in range(5):
+            for p in load_problems(spec, seed=seed):
+                digest.update(json.dumps([p.id, p.problem, p.answer, p.solution]).encode())
+    assert digest.hexdigest() == "ce22169fb0dc6bf5bf8c263f30ff0213b8673165c7c1ed26a8352e9eda8148bc"
+    checked = load_problems("builtin:code?levels=2,3,4,5", seed=0)
+    drawn = load_problems("builtin:code?levels=2,3,4,5&tests=drawn", seed=0)
+    assert all(
+        len(CodeTests.from_gold(c.answer).cases) > len(CodeTests.from_gold(d.answer).cases)
+        for c, d in zip(checked, drawn)
+    )
+    with pytest.raises(DataError, match="tests must be one of checked, drawn"):
+        load_problems("builtin:code?tests=strict")
+
+
+@needs_bwrap
+def test_the_sandbox_credits_the_mutants_the_generation_found_credited():
+    """The generation's own check (in-process, on lanpo's reference code) agrees with the reward's sandbox, run on
+    every mutant of a dozen tasks: off-by-one code earns nothing there."""
+    from lanpo.data.mutants import mutants
+
+    tasks = code_tasks([2, 3, 5], 12, 1, "train")
+    jobs = [(task, m.source) for task in tasks for m in mutants(task.solution)]
+    with closing(CodeVerifier(CodeSettings())) as verifier:
+        scores = verifier.score_texts([t.tests.to_gold() for t, _ in jobs], [fence(source) for _, source in jobs])
+    assert [s >= 1.0 for s in scores] == [_credits(t, source) for t, source in jobs]
+    assert sum(s >= 1.0 for s in scores) <= 0.05 * len(jobs)
+
+
+@needs_bwrap
+def test_a_local_code_file_whose_tests_pass_mutants_of_its_solution_is_loaded_with_a_warning(tmp_path, caplog):
+    rows = [
+        {  # no test sits on the threshold: x >= 4 passes too
+            "prompt": 'def above(xs):\n    """The numbers greater than 4."""\n',
+            "tests": "assert above([1, 9]) == [9]\nassert above([5, 0, 7]) == [5, 7]",
+            "solution": "    return [x for x in xs if x > 4]\n",
+        },
+        {  # pinned at 4 and 5
+            "prompt": 'def big(xs):\n    """The numbers greater than 4."""\n',
+            "tests": "assert big([3, 4, 5]) == [5]\nassert big([]) == []\nassert big([6]) == [6]",
+            "solution": "    return [x for x in xs if x > 4]\n",
+        },
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    problems = load_problems(str(path))
+    assert len(problems) == 2  # a warning, not a refusal
+    assert "the tests of 1 of 2 problems with a solution pass one-token mutants" in caplog.text
+    assert "row(s) 1" in caplog.text and "(2 of 6 mutants" in caplog.text  # x >= 4 and x > 3
+
+
 @needs_bwrap
 def test_humaneval_loads_from_the_wheel_and_its_canonical_solutions_pass():
     problems = load_problems("humaneval")

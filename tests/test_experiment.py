@@ -773,6 +773,37 @@ def test_a_cell_that_finishes_is_recorded_and_a_grid_without_a_record_writes_non
     ]
 
 
+def test_every_recorded_cell_still_matches_its_grid():
+    """The grids whose cells are kept in results/ still give each recorded cell the config hash it ran under, and
+    their run configs carry their pins (defaults that moved since: a cell run today runs as the recorded ones)."""
+    root = Path(__file__).resolve().parents[1]
+    checked = 0
+    for grid_file in sorted((root / "configs" / "experiments").glob("*.yaml")):
+        grid = load_grid(grid_file)
+        if grid.record is None or not (root / grid.record).is_dir():
+            continue
+        for done in sorted((root / grid.record).glob("*/seed-*/cell.json")):
+            record = json.loads(done.read_text())
+            assert record["config"] == experiment.config_hash(grid.hashed_config(record["arm"], record["seed"])), done
+            assert grid.config(record["arm"], record["seed"]).items() >= grid.pinned.items()
+            checked += 1
+    assert checked >= 40  # five recorded grids
+
+
+def test_a_pin_runs_every_cell_with_its_value_and_leaves_the_hash_as_it_was(tmp_path):
+    before = load_grid(tiny_grid(tmp_path, tmp_path / "no-model"))
+    pinned = load_grid(tiny_grid(tmp_path, tmp_path / "no-model", pinned={"data": "builtin:arith?n=8&levels=1"}))
+    assert pinned.config("lanpo", 0)["data"] == "builtin:arith?n=8&levels=1"
+    assert experiment.config_hash(pinned.hashed_config("lanpo", 0)) == experiment.config_hash(
+        before.config("lanpo", 0)
+    )
+    child = tmp_path / "child.yaml"
+    child.write_text(yaml.safe_dump({"name": "child", "extends": "grid.yaml"}))
+    assert load_grid(child).pinned == {}  # a pin is its own grid's history
+    with pytest.raises(GridError, match="which pinned sets"):
+        load_grid(tiny_grid(tmp_path, tmp_path / "no-model", pinned={"feedback_ratio": 0.5}))
+
+
 def test_the_record_is_the_grids_own_and_never_inherited(tmp_path):
     parent = tiny_grid(tmp_path, tmp_path / "no-model", record="results/tiny")
     child = tmp_path / "child.yaml"

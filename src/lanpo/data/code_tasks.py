@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from lanpo.data.code_examples import docstring_examples
+from lanpo.data.mutants import constants_of, mutants
 from lanpo.prompts import CODE_HEADER  # every code problem starts so (prompts.is_code_problem)
 from lanpo.verify.sandbox import CodeTests, same_value
 
@@ -255,6 +257,7 @@ def _draw(kind: str, rng: random.Random) -> list:
 
 EDGE_CASES = {"int": [[0]], "int2": [[0, 0]], "list": [[[]]], "words": [[[]]], "text": [[""]], "sentence": [["a"]]}
 CASES = 6
+TEST_MODES = ("checked", "drawn")  # builtin:code's tests= option (code_task)
 MAX_SHOWN = 4  # public examples a docstring may show
 REDRAWS = 200  # draws of a task's inputs before its tests are called unable to judge (none needs more than a few)
 
@@ -359,22 +362,103 @@ def public_cases(family_index: int, const, name: str, function: Callable, hidden
     return chosen
 
 
-def code_task(family_index: int, const, name: str, rng: random.Random, examples: int = 0) -> CodeTask:
+def _word_of_length(n: int) -> str:
+    return next((w for w in WORDS if len(w) == n), "x" * n)
+
+
+def boundary_cases(family: Family, const, solution: str) -> list[list]:
+    """Inputs that pin a task's behaviour where a near miss differs: on and beside every whole-number constant of the
+    task and of its reference code (c - 1, c, c + 1: ``x > 4`` against ``x >= 4`` and ``x > 5``), and the one-element
+    case (the empty one is an edge case already)."""
+    numbers = [const] if type(const) is int else []
+    numbers += [k for k in constants_of(solution) if k not in numbers]
+    kind = family.args
+    cases: list[list] = []
+    if kind == "int":
+        cases += [[k + d] for k in numbers for d in (-1, 0, 1)]
+    elif kind == "list":
+        cases += [[[k - 1, k, k + 1]] for k in numbers]
+        cases += [[[numbers[0] + 1 if numbers else 3]]]
+    elif kind == "sentence":
+        lengths = [[k + d for d in (-1, 0, 1) if k + d > 0] for k in numbers[:1]]
+        cases += [[" ".join(_word_of_length(n) for n in group)] for group in lengths]
+        cases += [[_word_of_length(numbers[0] + 1 if numbers else 3)]]
+    elif kind == "text":
+        letter = const if isinstance(const, str) else "a"
+        cases += [[letter], [f"{letter}b{letter}"]]
+    elif kind == "words":
+        cases += [[[WORDS[0]]]]
+    unique: list[list] = []
+    for args in cases:
+        if not any(same_value(args, other) for other in unique):
+            unique.append(args)
+    return unique
+
+
+def surviving_mutant(family: Family, name: str, solution: str, cases: list, probe: list[list]) -> str | None:
+    """The first one-token mutant of the reference (:mod:`lanpo.data.mutants`) that passes every case and is not the
+    same function (it differs from the reference on some input of ``probe``), described; None when the cases tell
+    every such mutant from the reference. Mutants are lanpo's own code changed by one token, run here as the
+    reference is (no model-written code runs in this process)."""
+    reference = _reference(name, solution)
+    for mutant in mutants(solution):
+        try:
+            function = _reference(name, mutant.source)
+        except Exception:  # a mutant that does not even define the function fails every test
+            continue
+        if not all(_returns(function, args, value) for args, value in cases):
+            continue
+        if any(not _returns(function, args, reference(*args)) for args in probe):
+            return mutant.what
+    return None
+
+
+def _returns(function: Callable, args: list, value) -> bool:
+    try:
+        return same_value(function(*json_copy(args)), value)
+    except Exception:  # a mutant that raises fails the case
+        return False
+
+
+def json_copy(value):
+    """``value`` as the sandbox hands it to the function: through JSON, so that no call can change a case."""
+    return json.loads(json.dumps(value))
+
+
+PROBES = 300  # inputs drawn to tell a mutant that passes a task's tests from the same function
+
+
+def code_task(
+    family_index: int, const, name: str, rng: random.Random, examples: int = 0, tests: str = "checked"
+) -> CodeTask:
+    """One task: its hidden tests (``tests`` ``checked``: the edge cases, the boundary cases of
+    :func:`boundary_cases` and drawn inputs, drawn again until they tell the reference from every trivial function
+    and every one-token mutant; ``drawn``: the edge cases and drawn inputs, told from trivial functions only, as
+    ``builtin:code`` was before) and the statement with ``examples`` public examples."""
+    if tests not in TEST_MODES:
+        raise ValueError(f"tests must be one of {', '.join(TEST_MODES)}, got {tests!r}.")
     family = FAMILIES[family_index]
     header, solution = _source(name, family, const)
     function = _reference(name, solution)
-    arguments = EDGE_CASES[family.args] + [_draw(family.args, rng) for _ in range(CASES - 1)]
-    cases = [[args, function(*args)] for args in arguments]
-    for attempt in range(REDRAWS):  # inputs a trivial function passes cannot judge: drawn again, for this task only
-        if trivial_passes(cases) is None:
+    fixed = EDGE_CASES[family.args] + (boundary_cases(family, const, solution) if tests == "checked" else [])
+    probe: list[list] = []
+    if tests == "checked":
+        own = random.Random(f"lanpo-code-probe-{family_index}-{const}-{name}")
+        probe = fixed + [_draw(family.args, own) for _ in range(PROBES)]
+    arguments = fixed + [_draw(family.args, rng) for _ in range(CASES - 1)]
+    cases = [[args, function(*json_copy(args))] for args in arguments]
+    why = ""
+    for attempt in range(REDRAWS):  # inputs that cannot judge are drawn again, for this task only
+        trivial = trivial_passes(cases)
+        mutant = surviving_mutant(family, name, solution, cases, probe) if tests == "checked" and not trivial else None
+        if trivial is None and mutant is None:
             break
+        why = f"a trivial function ({trivial})" if trivial else f"a mutant of the reference ({mutant})"
         own = random.Random(f"lanpo-code-redraw-{family_index}-{const}-{name}-{attempt}")
-        arguments = EDGE_CASES[family.args] + [_draw(family.args, own) for _ in range(CASES - 1)]
-        cases = [[args, function(*args)] for args in arguments]
+        arguments = fixed + [_draw(family.args, own) for _ in range(CASES - 1)]
+        cases = [[args, function(*json_copy(args))] for args in arguments]
     else:
-        raise RuntimeError(
-            f"builtin:code {name} ({family.doc}): {REDRAWS} draws of inputs, none tells it from a trivial function"
-        )
+        raise RuntimeError(f"builtin:code {name} ({family.doc}): {REDRAWS} draws of inputs, none tells it from {why}")
     if examples:  # the reference solution carries the docstring the problem shows, examples and all
         shown = public_cases(family_index, const, name, function, cases, examples)
         header, solution = _source(name, family, const, shown)
@@ -384,9 +468,12 @@ def code_task(family_index: int, const, name: str, rng: random.Random, examples:
     return CodeTask(task, f"code-L{family.level}-{digest}", text, CodeTests(name, cases=cases), solution, family.level)
 
 
-def code_tasks(levels: list[int], n: int, seed: int, split: str, examples: int = 0) -> list[CodeTask]:
+def code_tasks(
+    levels: list[int], n: int, seed: int, split: str, examples: int = 0, tests: str = "checked"
+) -> list[CodeTask]:
     """Up to ``n`` distinct tasks of ``split``, levels mixed in equal shares (fewer when a level's tasks run out:
-    the caller says so), each docstring showing ``examples`` public examples (:func:`public_cases`)."""
+    the caller says so), each docstring showing ``examples`` public examples (:func:`public_cases`), its hidden
+    tests made as ``tests`` says (:func:`code_task`)."""
     if not 0 <= examples <= MAX_SHOWN:
         raise ValueError(f"examples must be 0 to {MAX_SHOWN}, got {examples}.")
     unknown = sorted(set(levels) - {f.level for f in FAMILIES})
@@ -410,7 +497,7 @@ def code_tasks(levels: list[int], n: int, seed: int, split: str, examples: int =
     while len(tasks) < n and any(pool.values()):
         for level in levels:
             if pool[level] and len(tasks) < n:
-                tasks.append(code_task(*pool[level].pop(), rng, examples))
+                tasks.append(code_task(*pool[level].pop(), rng, examples, tests))
     return tasks
 
 

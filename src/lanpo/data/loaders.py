@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 from lanpo.data.arith import arith_problems
@@ -46,6 +46,7 @@ from lanpo.data.code_tasks import (
     humaneval_rows,
     preamble_of,
 )
+from lanpo.data.mutants import mutants
 from lanpo.data.presets import PRESETS, Preset
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
 from lanpo.verify.sandbox import GOLD_KINDS, CodeTests, GoldKind, gold_kind_of, same_value
@@ -431,7 +432,7 @@ def builtin_arith(
     ]
 
 
-DEFAULT_CODE = {"levels": "1,2,3", "n": 128, "seed": 0, "split": "train", "examples": 2}
+DEFAULT_CODE = {"levels": "1,2,3", "n": 128, "seed": 0, "split": "train", "examples": 2, "tests": "checked"}
 
 
 def builtin_code(
@@ -440,13 +441,16 @@ def builtin_code(
     seed: int = DEFAULT_CODE["seed"],
     split: str = DEFAULT_CODE["split"],
     examples: int = DEFAULT_CODE["examples"],
+    tests: str = DEFAULT_CODE["tests"],
 ) -> list[Problem]:
     """Seeded Python function tasks with hidden tests and a reference solution (:mod:`lanpo.data.code_tasks`);
     train and test hold different tasks; each docstring shows ``examples`` public examples, drawn apart from the
-    hidden tests (0: the statements as they were before examples, ids included)."""
+    hidden tests (0: the statements as they were before examples, ids included). ``tests=checked`` pins each task's
+    behaviour on and beside its constants and tells the reference from each of its one-token mutants; ``drawn`` is
+    the tests as they were before (drawn inputs, told from trivial functions only: verdict-code's cells)."""
     levels = _levels_and_split("builtin:code", levels, split)
     try:
-        tasks = code_tasks(levels, n, seed, split, examples)
+        tasks = code_tasks(levels, n, seed, split, examples, tests)
     except ValueError as error:
         raise DataError(str(error)) from error
     if len(tasks) < n:
@@ -509,7 +513,8 @@ def code_rows_to_problems(
         rows_of[pid] = index + 1
         stats.kept += 1
     if run_solutions:
-        unfit = _tests_that_cannot_judge(problems)
+        unfit, counted = _tests_that_cannot_judge(problems)
+        _warn_mutants(source, counted, rows_of)
         for pid, why in unfit.items():
             stats.skip(why, rows_of[pid])
         problems = [p for p in problems if p.id not in unfit]
@@ -538,12 +543,24 @@ def _public_cases(value) -> tuple[list, str]:
     return value, ""
 
 
-def _tests_that_cannot_judge(problems: list[Problem]) -> dict[str, str]:
-    """Problems whose tests cannot judge a solution, run in the sandbox, with why: a reference solution that
-    fails them, or a trivial function that passes them (:data:`TRIVIAL_BODIES`, and each value the tests compare
-    a result with as a constant). None checked, with a warning, where there is no sandbox."""
+MUTANTS_AT_LOAD = 24  # one-token mutants of a row's solution run against its tests at load (the first sites)
+
+
+class CodeCheck(NamedTuple):
+    """What running a code set's tests at load found: problems whose tests cannot judge (id -> why), and per problem
+    with a solution, how many of its one-token mutants the tests let through (id -> (passed, run))."""
+
+    unfit: dict[str, str]
+    mutants: dict[str, tuple[int, int]]
+
+
+def _tests_that_cannot_judge(problems: list[Problem]) -> CodeCheck:
+    """Run each problem's tests in the sandbox against its reference solution (it must pass), trivial functions
+    (:data:`TRIVIAL_BODIES`, and each value the tests compare a result with as a constant: none may pass) and up to
+    :data:`MUTANTS_AT_LOAD` one-token mutants of the solution (:mod:`lanpo.data.mutants`: counted, not refused; a
+    mutant may be the same function). Nothing checked, with a warning, where there is no sandbox."""
     if not problems:
-        return {}
+        return CodeCheck({}, {})
     from lanpo.verify.code import CodeSettings, CodeVerifier
     from lanpo.verify.sandbox import SandboxUnavailable
 
@@ -551,30 +568,55 @@ def _tests_that_cannot_judge(problems: list[Problem]) -> dict[str, str]:
         verifier = CodeVerifier(CodeSettings(timeout=10.0, workers=max(2, min(8, os.cpu_count() or 2))))
     except SandboxUnavailable:
         logger.warning("The tests of %d code problems not run at load: no sandbox here.", len(problems))
-        return {}
-    jobs: list[tuple[str, str, str, bool]] = []  # (problem id, what runs, its code, whether it must pass)
+        return CodeCheck({}, {})
+    jobs: list[tuple[str, str, str, str]] = []  # (problem id, what runs, its code, "solution" | "trivial" | "mutant")
     for problem in problems:
         tests = CodeTests.from_gold(problem.answer)
         if problem.solution:
-            jobs.append((problem.id, "its reference solution", problem.solution, True))
+            jobs.append((problem.id, "its reference solution", problem.solution, "solution"))
+            jobs += [(problem.id, m.what, m.source, "mutant") for m in mutants(problem.solution, MUTANTS_AT_LOAD)]
         trivial = dict(TRIVIAL_BODIES)
         trivial.update({f"the constant {v!r}": f"return {v!r}" for v in expected_constants(tests.check)})
         for name, body in trivial.items():
-            jobs.append((problem.id, name, f"def {tests.entry_point}(*args, **kwargs):\n    {body}\n", False))
+            jobs.append((problem.id, name, f"def {tests.entry_point}(*args, **kwargs):\n    {body}\n", "trivial"))
     answers = {p.id: p.answer for p in problems}
     try:  # a CodeVerifier: every gold here is a test suite
         scores = verifier.score_texts([answers[j[0]] for j in jobs], [f"```python\n{j[2]}\n```" for j in jobs])
     finally:
         verifier.close()
     unfit: dict[str, str] = {}
-    for (pid, what, _, must_pass), score in zip(jobs, scores):
-        if pid in unfit:
+    counted: dict[str, tuple[int, int]] = {}
+    for (pid, what, _, role), score in zip(jobs, scores):
+        if role == "mutant":
+            passed, run = counted.get(pid, (0, 0))
+            counted[pid] = (passed + (score >= 1.0), run + 1)
+        elif pid in unfit:
             continue
-        if must_pass and score < 1.0:
+        elif role == "solution" and score < 1.0:
             unfit[pid] = "its reference solution fails its own tests"
-        elif not must_pass and score >= 1.0:
+        elif role == "trivial" and score >= 1.0:
             unfit[pid] = f"its tests are passed by {what}"
-    return unfit
+    return CodeCheck(unfit, {pid: n for pid, n in counted.items() if pid not in unfit})
+
+
+def _warn_mutants(source: str, counted: dict[str, tuple[int, int]], rows_of: dict[str, int]) -> None:
+    """One warning where a set's tests let one-token mutants of its solutions through, with the rows."""
+    leaky = {pid: n for pid, n in counted.items() if n[0]}
+    if not leaky:
+        return
+    rows = sorted(rows_of[pid] for pid in leaky)
+    logger.warning(
+        "%s: the tests of %d of %d problems with a solution pass one-token mutants of it (%d of %d mutants: a "
+        "boundary, an off-by-one constant, and/or, a comparison's sense; some may be the same function), so the "
+        "reward credits such near misses: row(s) %s%s",
+        source,
+        len(leaky),
+        len(counted),
+        sum(n[0] for n in leaky.values()),
+        sum(n[1] for n in counted.values()),
+        ", ".join(map(str, rows[:10])),
+        " ..." if len(rows) > 10 else "",
+    )
 
 
 def is_code_rows(rows: list) -> bool:
@@ -664,7 +706,12 @@ def _builtin(spec: str, split: str | None, seed: int | None, limit: int | None) 
         kwargs["seed"] = seed
     if limit and "n" not in options:
         kwargs["n"] = limit
-    extra = {key: int(kwargs[key]) for key in set(defaults) - {"levels", "n", "seed", "split"}}  # examples=
+    extra = {key: kwargs[key] for key in set(defaults) - {"levels", "n", "seed", "split"}}  # examples=, tests=
+    if "examples" in extra:
+        try:
+            extra["examples"] = int(extra["examples"])
+        except ValueError:
+            raise DataError(f"{spec}: examples must be a whole number, got {extra['examples']!r}.") from None
     try:
         return build(kwargs["levels"], int(kwargs["n"]), int(kwargs["seed"]), kwargs["split"], **extra)
     except ValueError as error:

@@ -16,6 +16,11 @@ A grid may extend another (``extends: other.yaml``, relative to this file): it t
 seeds, reference and arms, merges its own settings over them and replaces the rest it gives, so the same grid on
 another device or from another model is a few lines (``configs/experiments/embedded-gpu.yaml``).
 
+``pinned:`` (a mapping of training fields, never inherited) keeps a grid's cells as they were when a default of
+lanpo's moves after some have run: each cell runs with the pinned values over its config, and its hash (what
+``cell.json`` records, and what a recorded cell is checked against) is taken without them, as it was taken under
+the old default. A grid whose cells all run after the change needs no pin.
+
 Each cell (arm, seed) is a ``lanpo train`` run in ``OUT/ARM/seed-S``, in a process of its own, from the merged
 config (base < settings < arm < seed) written beside it as ``seed-S.yaml``. A finished cell (``cell.json``) is
 skipped, an interrupted one resumes from its newest checkpoint, and a cell whose merged config changed since it
@@ -63,7 +68,20 @@ from lanpo.experiments.stats import (
     write_section,
 )
 
-GRID_KEYS = {"name", "extends", "base", "settings", "seeds", "reference", "arms", "out", "record", "reuse", "windows"}
+GRID_KEYS = {
+    "name",
+    "extends",
+    "base",
+    "settings",
+    "pinned",
+    "seeds",
+    "reference",
+    "arms",
+    "out",
+    "record",
+    "reuse",
+    "windows",
+}
 RECORDED = (COMPLETE, "metrics.jsonl", "config.yaml")  # a finished cell's evidence, copied to the grid's record
 
 
@@ -95,6 +113,7 @@ class Grid:
     record: Path | None = None
     reuse: dict[str, Grid] = field(default_factory=dict)  # arm -> the grid whose finished cells of it count here
     windows: list[Window] = field(default_factory=list)  # training metrics a rule reads over a window of steps
+    pinned: dict = field(default_factory=dict)  # what the recorded cells ran with, where lanpo's defaults moved since
 
     def run_dir(self, arm: str, seed: int) -> Path:
         return self.out / arm / f"seed-{seed}"
@@ -108,7 +127,7 @@ class Grid:
         mine = {k: v for k, v in self.config(arm, seed).items() if k != "output_dir"}
         theirs = {k: v for k, v in other.config(arm, seed).items() if k != "output_dir"}
         done = other.result_dir(arm, seed) / COMPLETE
-        if mine != theirs or not done.is_file() or _recorded_hash(done) != config_hash(other.config(arm, seed)):
+        if mine != theirs or not done.is_file() or _recorded_hash(done) != config_hash(other.hashed_config(arm, seed)):
             return None
         return done.parent
 
@@ -125,6 +144,13 @@ class Grid:
         return self.reused_dir(arm, seed) or run
 
     def config(self, arm: str, seed: int) -> dict:
+        """The cell's config as it runs: base < settings < arm < seed, then ``pinned`` over all."""
+        return {**self.hashed_config(arm, seed), **self.pinned}
+
+    def hashed_config(self, arm: str, seed: int) -> dict:
+        """The cell's config as its hash names it (``cell.json``): without ``pinned``, which keeps a cell's behaviour
+        where a default changed after the grid's first cells ran (their hashes were taken under the old default,
+        which the pin now states), so recorded and later cells share one hash per cell."""
         return {
             **self.base,
             **self.settings,
@@ -162,7 +188,9 @@ def _read_spec(path: Path, seen: tuple[Path, ...] = ()) -> dict:
         raise GridError(f"{path}: extends {parent}, which extends it back.")
     if not parent.is_file():
         raise GridError(f"{path}: the grid it extends, {parent}, does not exist.")
-    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in {"name", "out", "record", "reuse"}}
+    # never inherited: two grids must not share run directories or records, and a pin is its own grid's history
+    not_inherited = {"name", "out", "record", "reuse", "pinned"}
+    inherited = {k: v for k, v in _read_spec(parent, seen).items() if k not in not_inherited}
     settings = {**(inherited.get("settings") or {}), **(spec.get("settings") or {})}
     return {**inherited, **spec, "settings": settings}
 
@@ -179,6 +207,14 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
             raise GridError(f"{path}: arm {name!r} must be a plain name mapped to overrides.")
         if {"seed", "output_dir"} & set(overrides):
             raise GridError(f"{path}: arm {name!r} sets seed or output_dir; the grid sets them per cell.")
+    pinned = spec.get("pinned") or {}
+    if not isinstance(pinned, dict) or {"seed", "output_dir"} & set(pinned):
+        raise GridError(f"{path}: pinned maps training fields to the values the recorded cells ran with.")
+    for name, overrides in arms.items():
+        if set(overrides) & set(pinned):
+            raise GridError(
+                f"{path}: arm {name!r} sets {sorted(set(overrides) & set(pinned))}, which pinned sets for every cell."
+            )
     seeds = spec.get("seeds", [0])
     if (
         not isinstance(seeds, list)
@@ -216,6 +252,7 @@ def load_grid(path: str | Path, reference: str | None = None) -> Grid:
         Path(spec["record"]) if spec.get("record") else None,
         reuse,
         _windows(path, spec.get("windows"), arms),
+        dict(pinned),
     )
 
 
@@ -270,7 +307,7 @@ def cell_state(grid: Grid, arm: str, seed: int) -> str:
     if done.parent == grid.reused_dir(arm, seed):  # finished by another grid under this very config
         return "complete"
     if done.is_file():
-        return "complete" if _recorded_hash(done) == config_hash(grid.config(arm, seed)) else "changed"
+        return "complete" if _recorded_hash(done) == config_hash(grid.hashed_config(arm, seed)) else "changed"
     try:
         resume_target("latest", str(run))
         return "resume"
@@ -352,7 +389,7 @@ def run_cell(grid: Grid, arm: str, seed: int, state: str, log: Path | None = Non
         with log.open("a") as handle:
             code = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, env=env).returncode
     if code == 0:
-        record = {"arm": arm, "seed": seed, "config": config_hash(grid.config(arm, seed)), "machine": machine()}
+        record = {"arm": arm, "seed": seed, "config": config_hash(grid.hashed_config(arm, seed)), "machine": machine()}
         (run / COMPLETE).write_text(json.dumps(record) + "\n")
         drop_checkpoints(run)
         record_cell(grid, arm, seed)
