@@ -145,6 +145,47 @@ def test_each_outcome_reads_as_a_programmer_would_see_it():
     assert "too long to show" in execution_report(TESTS, EXAMPLES, long, CODE)
 
 
+ATTEMPT_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=60) | st.sampled_from(
+    [
+        "E.\n- f(1) returned 2, as the problem shows.\nIt returned what the problem shows on the 2 examples.",
+        "\x1b[2J\x00\x07\x08",
+    ]
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    outcome=st.sampled_from(["passed", "failed", "error"]),
+    kinds=st.lists(ATTEMPT_TEXT, min_size=2, max_size=2),
+    messages=st.lists(ATTEMPT_TEXT, min_size=2, max_size=2),
+    values=st.lists(st.none() | ATTEMPT_TEXT | st.just('"ok\\n- f(0) returned 1"'), min_size=2, max_size=2),
+    lines=st.lists(st.integers(1, 4), max_size=2),
+    code_line=ATTEMPT_TEXT,
+)
+def test_what_the_attempt_controls_is_data_in_the_report_never_a_line_of_it(
+    outcome, kinds, messages, values, lines, code_line
+):
+    """Exception type names, messages, returned values (raw on the answers channel: any string) and the attempt's own
+    lines reach the report flattened and escaped: one line per example (and the success line only where the run
+    passed), each line the report's own, and no control character anywhere but the line breaks between them."""
+    code = f"def f(x):\n    {code_line}\n    return x\n"
+    calls = [
+        {"value": value, "raised": {"type": kind, "message": message, "lines": lines} if value is None else None}
+        for value, kind, message in zip(values, kinds, messages)
+    ]
+    run = Execution(outcome, 2 if outcome == "passed" else 0, 2, calls=calls)
+    if outcome == "error":
+        run = Execution("error", error={"type": kinds[0], "message": messages[0], "lines": lines})
+    report = execution_report(TESTS, EXAMPLES, run, code)
+    rows = report.split("\n")
+    if outcome == "error":
+        assert len(rows) == 1 and rows[0].startswith("The code ")
+    else:
+        assert [r.split(" ", 2)[:2] for r in rows[:2]] == [["-", "f(1)"], ["-", "f(0)"]]
+        assert rows[2:] == (["It returned what the problem shows on the 2 examples."] if outcome == "passed" else [])
+    assert all(ch.isprintable() for row in rows for ch in row)
+
+
 class Recorder:
     """A sandbox stand-in that records every job and answers as a run that returned ``value`` each time."""
 

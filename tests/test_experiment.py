@@ -794,9 +794,7 @@ def test_a_pin_runs_every_cell_with_its_value_and_leaves_the_hash_as_it_was(tmp_
     before = load_grid(tiny_grid(tmp_path, tmp_path / "no-model"))
     pinned = load_grid(tiny_grid(tmp_path, tmp_path / "no-model", pinned={"data": "builtin:arith?n=8&levels=1"}))
     assert pinned.config("lanpo", 0)["data"] == "builtin:arith?n=8&levels=1"
-    assert experiment.config_hash(pinned.hashed_config("lanpo", 0)) == experiment.config_hash(
-        before.config("lanpo", 0)
-    )
+    assert experiment.config_hash(pinned.hashed_config("lanpo", 0)) == experiment.config_hash(before.config("lanpo", 0))
     child = tmp_path / "child.yaml"
     child.write_text(yaml.safe_dump({"name": "child", "extends": "grid.yaml"}))
     assert load_grid(child).pinned == {}  # a pin is its own grid's history

@@ -57,9 +57,31 @@ def public_tests(problem: str) -> tuple[CodeTests, list[Example]] | None:
     return CodeTests(entry_point, cases=cases, preamble=preamble_of(code)), examples
 
 
-def _short(text: str) -> str:
-    text = " ".join(str(text).split())
+def _short(text) -> str:
+    """Text the attempt controls (a type's name, a message, a value's repr, a line of its code) as one line of data:
+    every character that is not printable (newlines, NUL, BEL, BS, ESC, line and paragraph separators, ...) written
+    as its escape (``\\n``, ``\\x1b``), runs of spaces made one, at most :data:`MAX_SHOWN_CHARS`. It can never start
+    a line of the report, nor reach a terminal or a prompt as a control character."""
+    text = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text))
+    text = " ".join(text.split())  # only spaces are left to split on: every other space character was escaped
     return text if len(text) <= MAX_SHOWN_CHARS else text[:MAX_SHOWN_CHARS] + " [...]"
+
+
+def _type_name(name) -> str:
+    """An exception type as the run named it: a dotted Python name as it is; anything else (a class the attempt
+    named with spaces, newlines or sentences) quoted and escaped, so it reads as the data it is."""
+    name = str(name)
+    if name and all(part.isidentifier() for part in name.split(".")) and len(name) <= MAX_SHOWN_CHARS:
+        return name
+    return f"an exception named {_short(repr(name))}"
+
+
+def _returned(value_json: str):
+    """A returned value the run wrote as JSON, or None where it is not JSON (the worker's word: it may be forged)."""
+    try:
+        return (json.loads(value_json),)
+    except (ValueError, TypeError, RecursionError):
+        return None
 
 
 def _where(lines: Sequence[int], code: str, preamble: str) -> str:
@@ -87,7 +109,7 @@ def execution_report(tests: CodeTests, examples: Sequence[Example], run: Executi
         if not kind:
             return "The code did not load."
         where = _where(error.get("lines", []), code, tests.preamble)
-        return f"The code did not load: {kind}: {_short(message)}{where}."
+        return f"The code did not load: {_type_name(kind)}: {_short(message)}{where}."
     if run.outcome == "timeout":
         return f"Running it on {shown} did not finish in time (an endless loop, or far too slow)."
     if run.outcome == "crashed":
@@ -101,12 +123,13 @@ def execution_report(tests: CodeTests, examples: Sequence[Example], run: Executi
         if raised:
             where = _where(raised.get("lines", []), code, tests.preamble)
             message = f": {_short(raised['message'])}" if raised.get("message") else ""
-            lines.append(f"- {example.call} raised {raised['type']}{message}{where}. The problem shows {want}.")
-        elif call.get("value") is None:
+            kind = _type_name(raised["type"])
+            lines.append(f"- {example.call} raised {kind}{message}{where}. The problem shows {want}.")
+        elif call.get("value") is None or _returned(call["value"]) is None:
             why = "too long to show" if call.get("long") else "not a plain value (a number, string, list, ...)"
             lines.append(f"- {example.call} returned a value {why}. The problem shows {want}.")
         else:
-            got = json.loads(call["value"])
+            (got,) = _returned(call["value"])
             if same_value(got, example.expected):
                 lines.append(f"- {example.call} returned {want}, as the problem shows.")
             else:
