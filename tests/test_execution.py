@@ -328,7 +328,7 @@ def test_training_with_execution_feedback_leaks_no_hidden_test_anywhere_it_write
     tiny_model_dir, tmp_path, source, route, trigger
 ):
     """A run on problems whose hidden tests hold values no statement shows: none of them reaches a prompt, a
-    sample, the pool, the metrics or the report, under execution feedback (generated rows, scored rows, both; on
+    sample, the pool, the metrics, a checkpoint or the report, under execution feedback (generated rows, scored rows, both; on
     every group or, with ``feedback_trigger unsolved``, on the groups that failed) and LANPO's own sources alike."""
     from lanpo.report.page import write_report
     from test_code import code_trainer, fence
@@ -354,6 +354,8 @@ def test_training_with_execution_feedback_leaks_no_hidden_test_anywhere_it_write
         feedback_route=route,
         feedback_trigger=trigger,
         score_rows="all",
+        save_strategy="steps",
+        save_steps=1,  # a checkpoint holds the pending summaries' trials: by problem, never with their golds
     )
     stub_summaries(trainer)
     tok = trainer.processing_class
@@ -382,7 +384,9 @@ def test_training_with_execution_feedback_leaks_no_hidden_test_anywhere_it_write
     write_report([out])
     pool = ExperiencePool(out)
     written = "".join(
-        p.read_text(errors="replace") for p in out.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".html", ".md")
+        p.read_text(errors="replace")
+        for p in out.rglob("*")
+        if p.is_file() and p.suffix in (".jsonl", ".json", ".html", ".md")
     ) + json.dumps([e.__dict__ for e in pool.entries()], default=str)
     pool.close()
     assert HIDDEN_INPUT not in written and HIDDEN_VALUE not in written

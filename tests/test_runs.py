@@ -538,3 +538,23 @@ def test_training_takes_lanpos_bf16_matmuls_or_warns_before_the_model_loads_when
         assert level == ("WARNING" if setting else "INFO") and "the training pass (bf16: true)" in message
         assert ("Set bf16 false" in message) == (setting == "torch")
         assert "sampler" not in message.split("bf16:")[0]  # no vLLM sampler in this run
+
+
+def test_a_checkpoint_names_pending_trials_by_problem_and_a_resume_reads_their_golds_from_the_data(tmp_path):
+    from lanpo.run import checkpoints
+    from lanpo.summarize import Trial
+
+    suite = '{"code_tests": {"cases": [[[41], 42]], "entry_point": "f"}}'
+    pending = [
+        Trial("a", "def f(x): ...", "try", False, gold=suite, gold_kind="code"),
+        Trial("b", "1+1", "2", True, "2"),
+    ]
+    checkpoints.write_state(tmp_path, 0, 1, 3, pending)
+    saved = (tmp_path / checkpoints.state_file(0)).read_text()
+    assert "code_tests" not in saved and "[[41], 42]" not in saved
+    read = checkpoints.read_pending(tmp_path, 0, 1)
+    assert [t.gold for t in read] == [None, None] and [t.gold_kind for t in read] == ["code", "math"]
+    resumed, dropped = checkpoints.with_golds(read, {"a": suite, "b": "2"})
+    assert resumed == pending and dropped == 0
+    resumed, dropped = checkpoints.with_golds(read, {"b": "2"})  # the data no longer holds problem a
+    assert resumed == pending[1:] and dropped == 1

@@ -794,9 +794,18 @@ class LanpoTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        self._pending = checkpoints.restore(
+        pending = checkpoints.restore(
             Path(checkpoint), self.pool, self.accelerator.process_index, self.accelerator.num_processes, self.run_dir
         )
+        golds = {problem_of(row)[0]: str(row["answer"]) for row in self.train_dataset} if pending else {}
+        self._pending, dropped = checkpoints.with_golds(pending, golds)
+        if dropped:
+            logger.warning(
+                "%d pending summaries of %s dropped: their problems are not in this run's data, so their lessons "
+                "could not be scrubbed of the answer.",
+                dropped,
+                checkpoint,
+            )
         self.retriever.rebuild()
         state = checkpoints.read_json(Path(checkpoint) / FEEDBACK_STATE)  # absent in checkpoints of older runs
         self.hint_ladder.load_state_dict(state.get("hint_ladder", {}))

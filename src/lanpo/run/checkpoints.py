@@ -17,7 +17,8 @@ import re
 import shutil
 import sqlite3
 from contextlib import contextmanager
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from lanpo.pool.store import POOL_FILENAME as POOL_FILE
@@ -56,8 +57,11 @@ def discard_staging(run_dir: str | Path) -> None:
 
 
 def write_state(folder: Path, rank: int, world_size: int, step: int, pending: list[Trial]) -> None:
-    """This process's part of lanpo's checkpoint state: its pending summaries (each process has its own)."""
-    state = {"rank": rank, "world_size": world_size, "step": step, "pending": [asdict(t) for t in pending]}
+    """This process's part of lanpo's checkpoint state: its pending summaries (each process has its own), each
+    naming its problem but never holding its gold answer (a code problem's is its hidden test suite): a resume reads
+    the golds back from the run's data (:func:`with_golds`)."""
+    saved = [{k: v for k, v in asdict(t).items() if k != "gold"} for t in pending]
+    state = {"rank": rank, "world_size": world_size, "step": step, "pending": saved}
     tmp = folder / (state_file(rank) + ".tmp")
     tmp.write_text(json.dumps(state))
     os.replace(tmp, folder / state_file(rank))
@@ -162,8 +166,21 @@ def read_pending(folder: Path, rank: int, world_size: int) -> list[Trial]:
 
 
 def _trial(saved: dict) -> Trial:
-    """A pending trial as saved; one saved before trials said their gold's kind has it read from the gold."""
+    """A pending trial as saved; one saved before trials said their gold's kind has it read from the gold (older
+    checkpoints held golds)."""
     return Trial(**({"gold_kind": gold_kind_of(saved.get("gold"))} | saved))
+
+
+def with_golds(pending: list[Trial], golds: Mapping[str, str]) -> tuple[list[Trial], int]:
+    """Resumed pending trials with their golds read back from the run's data (problem id -> gold answer; the
+    summary's answer scrub needs it), and how many were dropped because the data no longer holds their problem (a
+    summary that cannot be scrubbed of its answer is not written)."""
+    kept = [
+        replace(t, gold=t.gold if t.gold is not None else golds[t.problem_id])
+        for t in pending
+        if t.gold is not None or t.problem_id in golds
+    ]
+    return kept, len(pending) - len(kept)
 
 
 def restore(folder: Path, pool, rank: int, world_size: int, run_dir: Path) -> list[Trial]:
