@@ -270,6 +270,9 @@ def bwrap_argv(interpreter: str, tmp_mb: int = Limits.tmp_mb, seccomp_fd: int | 
     # rest of /dev (bubblewrap's own tmpfs) read-only
     argv += ["--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev", "--proc", "/proc"]
     argv += ["--size", size, "--tmpfs", "/tmp", "--chdir", "/tmp", "--setenv", "HOME", "/tmp"]
+    # bubblewrap's own root is a tmpfs too, unsized and writable: read-only once every mount above is made (a write
+    # under / would otherwise take host RAM past every bound, whichever of cgroups or rlimits bounds the run)
+    argv += ["--remount-ro", "/"]
     argv += ["--unshare-all", "--unshare-user", "--disable-userns", "--new-session", "--die-with-parent"]
     argv += ["--cap-drop", "ALL", "--clearenv"]
     if seccomp_fd is not None:
