@@ -177,6 +177,24 @@ def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
     assert history(full, "retrieval/hit_rate") == history(resumed, "retrieval/hit_rate")
 
 
+def test_a_resume_past_the_first_epoch_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
+    """8 problems, 2 a step: a checkpoint at step 5 lies in the second epoch. The resumed run draws that epoch's
+    problems in the uninterrupted run's order, so its pool and worth records are the same."""
+    settings = dict(max_steps=6, save_strategy="steps", save_steps=5, feedback_ratio=0.5)
+    full = make_trainer(tiny_model_dir, tmp_path, "full", **settings)
+    stub_summaries(full)
+    full.train()
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(Path(full.args.output_dir) / "checkpoint-5", resumed_dir / "checkpoint-5")
+    resumed = make_trainer(tiny_model_dir, tmp_path, "resumed", **settings)
+    stub_summaries(resumed)
+    resumed.train(resume_from_checkpoint=str(resumed_dir / "checkpoint-5"))
+    assert [r.problem_id for r in full.last_generation.rows] == [r.problem_id for r in resumed.last_generation.rows]
+    assert full.pool.digest() == resumed.pool.digest()
+    assert full.pool.entry_worth() == resumed.pool.entry_worth()
+    assert full.pool.reflection_worth() == resumed.pool.reflection_worth()
+
+
 @pytest.mark.parametrize(
     "field,value,message",
     [

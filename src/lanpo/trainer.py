@@ -323,6 +323,9 @@ class LanpoTrainer(GRPOTrainer):
             output["logprobs"] = None
         return output
 
+    def _get_train_sampler(self, dataset=None):
+        return checkpoints.epoch_ordered(super()._get_train_sampler(dataset))  # a resume keeps the epochs' order
+
     def get_batch_samples(self, epoch_iterator, num_batches: int, device):
         """Transformers' prefetch of one optimizer step's batches; with ``reflection_source ahead`` it also pulls the
         next step's batches (same order, handed out at the next call) so this step can attempt their problems."""

@@ -228,3 +228,24 @@ def trim_jsonl(path: Path, max_step: int) -> int:
         tmp.write_text("".join(line + "\n" for line in kept))
         os.replace(tmp, path)
     return dropped
+
+
+def epoch_ordered(sampler):
+    """TRL's ``RepeatSampler`` made to give epoch ``e`` the order it gives after ``e`` earlier epochs, whichever
+    iterations came before: its shuffle draws from one generator seeded once, so a run resumed past its first epoch
+    (a fresh sampler) would replay epoch 0's order. Transformers calls ``set_epoch`` before each epoch's iteration;
+    here it reseeds and draws the earlier epochs' permutations again, so an uninterrupted run's order is TRL's own
+    and a resumed run's is the uninterrupted one's. A sampler that does not shuffle, or has no seed, is returned as
+    it is."""
+    if not getattr(sampler, "shuffle", False) or getattr(sampler, "seed", None) is None:
+        return sampler
+
+    def set_epoch(epoch: int) -> None:
+        import torch
+
+        sampler.generator.manual_seed(sampler.seed)
+        for _ in range(epoch):
+            torch.randperm(sampler.num_samples, generator=sampler.generator)
+
+    sampler.set_epoch = set_epoch
+    return sampler
