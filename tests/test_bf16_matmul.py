@@ -189,3 +189,14 @@ def test_a_setting_it_does_not_know_is_refused_with_the_choices(monkeypatch):
     with pytest.raises(ValueError, match="LANPO_BF16_MATMUL='fp16'"):
         bf16_matmul.install()
     assert not bf16_matmul.installed()
+    with pytest.raises(ValueError, match="fp32-accumulate"):
+        bf16_matmul.mode(True)  # a CPU with native bf16 refuses it too
+
+
+@pytest.mark.parametrize("command", ["train", "sft", "eval", "gate", "experiment", "sft-data"])
+def test_every_command_that_may_run_bf16_refuses_a_bad_setting_before_it_starts(monkeypatch, capsys, command):
+    from lanpo.cli import main
+
+    monkeypatch.setenv(bf16_matmul.ENV, "fp16")
+    assert main([command, "--no-such-flag"]) == 2  # refused before the command reads a flag or a model
+    assert "LANPO_BF16_MATMUL='fp16'" in capsys.readouterr().err

@@ -259,6 +259,27 @@ def test_a_problem_without_examples_or_attempts_gets_no_context_and_says_why(tmp
     pool.close()
 
 
+def test_execution_feedback_on_data_with_no_example_to_run_is_refused_before_the_model_loads(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
+    from trl import GRPOTrainer
+
+    from lanpo.feedback.execution import check_examples
+    from test_trainer import make_trainer
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model loaded")
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", no_model)
+    with pytest.raises(ValueError, match="none of the 8 training problems is a code problem"):
+        make_trainer(tiny_model_dir, tmp_path, feedback_source="execution", summaries_per_group=0)
+    bare = code_problem_text('def f(x):\n    """Do it."""\n')
+    with pytest.raises(ValueError, match="shows public examples \\(all 1 are code problems without any\\)"):
+        check_examples([bare])
+    check_examples([bare, statement("f", "Do it.", [[[1], 2]])])  # some show examples: a warning, and the run goes on
+    assert "1 of 2 training problems show no public example" in caplog.text
+
+
 # -- in the sandbox ------------------------------------------------------------------------------------------------
 
 

@@ -235,6 +235,11 @@ def test_a_bare_pool_file_is_audited_and_says_its_golds_are_unknown(tmp_path, ca
     assert "| summaries over the run | not known (no metrics.jsonl) |" in text
     assert lanpo(["pool", "audit", str(tmp_path / "moved.sqlite"), "--out", str(out), "--data", "nope:x"]) == 0
     assert "could not be loaded" in (out / "pool-audit.md").read_text()
+    capsys.readouterr()
+    for taken in (out / "pool-audit.md", out / "pool-audit.md" / "deeper"):  # --out names a file, or a path under one
+        assert lanpo(["pool", "audit", str(tmp_path / "moved.sqlite"), "--out", str(taken)]) == 2
+        said = capsys.readouterr().err
+        assert "is a file, and --out names a folder" in said and "Errno" not in said
 
 
 def test_the_report_embeds_the_audit(tmp_path):

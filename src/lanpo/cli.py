@@ -41,6 +41,10 @@ COMMANDS = {
 }
 
 
+# Commands that may load a model and run it in bf16: they check LANPO_BF16_MATMUL when they start, on every CPU.
+MODEL_COMMANDS = ("train", "sft-data", "sft", "eval", "gate", "experiment")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lanpo", description="LANPO: language-and-numerical policy optimization for LLM reasoning, on top of TRL."
@@ -50,6 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     argv = sys.argv[1:] if argv is None else list(argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
+    if chosen in MODEL_COMMANDS:  # before its flags are read, on every CPU
+        from lanpo.engine.bf16_env import setting
+
+        try:
+            setting()
+        except ValueError as error:
+            print(f"lanpo {chosen}: error: {error}", file=sys.stderr)
+            return 2
     for name, (module, line) in COMMANDS.items():
         if name == chosen:  # only the command at hand is imported: `lanpo pool stats` loads no torch
             importlib.import_module(module).add_parser(sub, name, line)

@@ -35,6 +35,7 @@ from lanpo.engine.logprobs import HeadRequest, add_compact_lm_head
 from lanpo.engine.models import CpuShare, follow_other_work
 from lanpo.eval.during_training import TrainingEval, load_eval_problems
 from lanpo.feedback.base import SourceKit
+from lanpo.feedback.execution import check_examples
 from lanpo.feedback.privileged import HintLadder, PrivilegedKit, take_references
 from lanpo.feedback.registry import make_sources
 from lanpo.plan import FeedbackKind, StepPlan
@@ -107,6 +108,8 @@ class LanpoTrainer(GRPOTrainer):
         # worked solutions leave the dataset here: only privileged feedback sources read them (never TRL's rewards)
         train_dataset, self.references = take_references(train_dataset)
         check_references(args.feedback_kind, self.references)  # before the model loads: nothing to read stops here
+        if args.feedback_source == "execution" and train_dataset is not None:  # likewise: no example to run
+            check_examples([problem_of(row)[1] for row in train_dataset])
         self.verifier = Verifier(MathVerifier(args.verify_time_limit, args.answer_extraction), code_settings(args))
         if train_dataset is not None and "code" in train_dataset["gold_kind"]:
             self.verifier.start_code()  # code problems: the sandbox starts now, or the run stops here saying why

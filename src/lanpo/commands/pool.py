@@ -133,6 +133,12 @@ def audit_command(args) -> int:
     )
     text = markdown(audit) + f"\nGolds for the answers check: {source}.\n"
     out = Path(args.out) if args.out else path.parent
+    taken = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if taken is not None:
+        raise ValueError(
+            f"--out {out}: {taken} is a file, and --out names a folder (pool-audit.md and pool-audit.png are written "
+            "into it): name a folder, new or existing."
+        )
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "pool-audit.md", text)
     plot(audit, out / "pool-audit.png")

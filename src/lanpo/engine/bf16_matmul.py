@@ -18,27 +18,22 @@ below autograd, so backward passes use it too. Nothing is installed on a CPU wit
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 
 import torch
 
+from lanpo.engine.bf16_env import ENV, setting
+
 logger = logging.getLogger(__name__)
 
 OPS = ("mm", "addmm", "bmm", "baddbmm")  # every dense matmul a linear layer or attention reaches on CPU
-ENV = "LANPO_BF16_MATMUL"  # "torch": keep torch's bf16 kernels where bf16 is emulated
 _library: torch.library.Library | None = None
 
 
 def torch_kept_because() -> str | None:
     """Why torch's own bf16 kernels stay where bf16 is emulated (``LANPO_BF16_MATMUL=torch``, or a torch that cannot
     keep its kernel beside lanpo's), or None where lanpo's run."""
-    setting = os.environ.get(ENV, "").strip().lower()
-    if setting not in ("", "torch", "fp32-accumulate"):
-        raise ValueError(
-            f"{ENV}={os.environ[ENV]!r}: say torch (torch's own bf16 kernels) or fp32-accumulate (lanpo's)"
-        )
-    if setting == "torch":
+    if setting() == "torch":
         return f"{ENV}=torch"
     if not hasattr(torch.library, "get_kernel"):
         return "this torch has no torch.library.get_kernel"
@@ -47,7 +42,9 @@ def torch_kept_because() -> str | None:
 
 def mode(native: bool) -> str:
     """How this process computes CPU bf16 matmuls: ``native`` (the CPU's bf16 units), ``fp32-accumulate`` (this
-    module) or ``torch`` (torch's emulation: see :func:`torch_kept_because`)."""
+    module) or ``torch`` (torch's emulation: see :func:`torch_kept_because`). A value of ``LANPO_BF16_MATMUL`` it
+    does not know is refused on every CPU."""
+    setting()
     if native:
         return "native"
     return "torch" if torch_kept_because() else "fp32-accumulate"

@@ -12,6 +12,7 @@ sandbox and judge (:class:`lanpo.verify.sandbox.Sandbox`), never in this process
 from __future__ import annotations
 
 import json
+import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -25,6 +26,8 @@ from lanpo.pool.store import ExperiencePool
 from lanpo.prompts import execution_messages, is_code_problem
 from lanpo.verify.code import extract_code
 from lanpo.verify.sandbox import CodeTests, Execution, same_value
+
+logger = logging.getLogger(__name__)
 
 RunCode = Callable[[list[tuple[str | None, CodeTests]]], list[Execution]]  # Sandbox.run_many
 MAX_SHOWN_CHARS = 200  # of one value or message in a report
@@ -55,6 +58,29 @@ def public_tests(problem: str) -> tuple[CodeTests, list[Example]] | None:
         return None
     cases = [[list(example.args), example.expected] for example in examples]
     return CodeTests(entry_point, cases=cases, preamble=preamble_of(code)), examples
+
+
+def check_examples(problems: Sequence[str]) -> None:
+    """``feedback_source execution`` runs attempts on the public examples a code problem's statement shows: refused
+    where no training problem shows any (math data, or code without examples: every feedback row would go plain, as
+    ``no_public_examples``), warned where only some do."""
+    showing = sum(public_tests(problem) is not None for problem in problems)
+    if not showing:
+        code = sum(is_code_problem(problem) for problem in problems)
+        what = "is a code problem" if not code else f"shows public examples (all {code} are code problems without any)"
+        raise ValueError(
+            f"feedback_source execution runs each attempt on the public examples its code problem shows, and none of "
+            f"the {len(problems)} training problems {what}: every feedback row would fall back to the plain prompt. "
+            "Train on code with examples (builtin:code, humaneval, a file with public_tests), or choose another "
+            "feedback_source (self for math)."
+        )
+    if showing < len(problems):
+        logger.warning(
+            "feedback_source execution: %d of %d training problems show no public example; their feedback rows get "
+            "the plain prompt (lanpo/fallback/no_public_examples).",
+            len(problems) - showing,
+            len(problems),
+        )
 
 
 def _short(text) -> str:
