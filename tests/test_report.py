@@ -221,6 +221,50 @@ def test_report_in_headless_chromium_a_user_searches_the_pool_and_clicks_through
     assert (keep / "report-pool.png").stat().st_size > 10_000
 
 
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make test installs it when apt-get can)")
+@pytest.mark.parametrize("where", ["run directory", "during training"])
+def test_the_held_out_panel_draws_each_evaluations_interval_on_an_axis_the_noise_cannot_fill(tmp_path, where):
+    """The demo's two evaluations (+0.021, each with s.e. 0.027) are drawn with their 95% intervals, on an axis that
+    holds both intervals and spans at least four half-intervals: the change reads as inside the noise, not as a climb."""
+    from helpers.browser import Browser
+
+    run = tmp_path / "demo"
+    run.mkdir()
+    evals = {0: (0.300, 0.027), 8: (0.321, 0.027)}
+    metrics = [{"step": step, "reward/scratch/mean": 0.3} for step in range(1, 9)]
+    if where == "during training":
+        for step, (mean, se) in evals.items():
+            metrics.append(
+                {"step": step, "eval/arith/zero-shot/mean@4": mean, "eval/arith/zero-shot/mean@4_stderr": se}
+            )
+    else:
+        for name, model, (mean, se) in (
+            ("eval-before", "smollm2", evals[0]),
+            ("eval-after", str(run / "final"), evals[8]),
+        ):
+            (run / name).mkdir()
+            result = {
+                "model": model,
+                "data": "builtin:arith",
+                "modes": {"zero-shot": {"metrics": {"mean@4": mean, "mean@4_stderr": se}}},
+            }
+            (run / name / "results.json").write_text(json.dumps(result))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    out = tmp_path / "report.html"
+    assert lanpo(["report", str(run), "--out", str(out)]) == 0
+    card = "[...document.querySelectorAll('.card')].find(c => c.querySelector('h3').textContent.startsWith('Held-out'))"
+    with Browser() as browser:
+        browser.open(out.as_uri())
+        assert browser.js(f"{card}.querySelectorAll('path.interval').length") == 2
+        ticks = browser.js(
+            f"[...{card}.querySelectorAll('svg text')].filter(t => t.getAttribute('text-anchor') === 'end').map(t => +t.textContent)"
+        )
+        lows, highs = [m - 1.96 * se for m, se in evals.values()], [m + 1.96 * se for m, se in evals.values()]
+        assert min(ticks) <= min(lows) and max(ticks) >= max(highs)  # every interval inside the axis
+        assert max(ticks) - min(ticks) >= max(0.2, 4 * 1.96 * 0.027) - 1e-3  # ticks are written to 3 places
+        assert "95% interval" in browser.js(f"{card}.innerText") and not browser.errors()
+
+
 def _by_group(samples: list[dict]) -> dict:
     groups: dict = {}
     for s in samples:

@@ -66,8 +66,13 @@ PANELS = [
 ]
 
 
+def _number(value) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
-    """metric → [[step, value], ...], numeric values only; eval rows keep only the point metrics."""
+    """metric → [[step, value], ...], numeric values only; eval rows keep only the point metrics, each mean@k with its
+    standard error as a third element where it was logged (the page draws its 95% interval)."""
     out: dict[str, list[list[float]]] = {}
     for row in rows:
         step = row.get("step")
@@ -75,12 +80,12 @@ def _metrics(rows: list[dict]) -> dict[str, list[list[float]]]:
             continue
         for key, value in row.items():
             if (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
+                _number(value)
                 and key != "step"
                 and not (key.startswith("eval/") and ("stderr" in key or "pass@" in key))
             ):
-                out.setdefault(key, []).append([step, value])
+                error = row.get(f"{key}_stderr") if key.startswith("eval/") else None
+                out.setdefault(key, []).append([step, value, error] if _number(error) else [step, value])
     return out
 
 

@@ -26,7 +26,24 @@ const fmt = (v) =>
           : v.toFixed(3)
       : esc(v);
 
-function chart(title, series, empty) {
+// A point is [x, y] or [x, y, standard error]: a point with its error is drawn with its 95% interval (y ± 1.96 s.e.).
+const Z95 = 1.96;
+const lowOf = (p) => (p.length > 2 ? p[1] - Z95 * p[2] : p[1]);
+const highOf = (p) => (p.length > 2 ? p[1] + Z95 * p[2] : p[1]);
+
+// The y-range of a share (held-out mean@k): every interval inside it, and never narrower than the noise it shows,
+// so that a change inside the intervals does not fill the chart: at least 4 times the widest half-interval and
+// 0.2, inside [0, 1].
+function shareRange(pts) {
+  let [y0, y1] = [Math.min(...pts.map(lowOf)), Math.max(...pts.map(highOf))];
+  const noise = Math.max(0, ...pts.map((p) => (p.length > 2 ? Z95 * p[2] : 0)));
+  const span = Math.min(1, Math.max(0.2, 4 * noise, y1 - y0));
+  const mid = (y0 + y1) / 2;
+  y0 = Math.max(0, Math.min(mid - span / 2, 1 - span));
+  return [y0, Math.min(1, y0 + span)];
+}
+
+function chart(title, series, empty, share) {
   const W = 440,
     H = 220,
     L = 46,
@@ -41,7 +58,7 @@ function chart(title, series, empty) {
     return card;
   }
   let [x0, x1] = [Math.min(...pts.map((p) => p[0])), Math.max(...pts.map((p) => p[0]))];
-  let [y0, y1] = [Math.min(...pts.map((p) => p[1])), Math.max(...pts.map((p) => p[1]))];
+  let [y0, y1] = share ? shareRange(pts) : [Math.min(...pts.map(lowOf)), Math.max(...pts.map(highOf))];
   if (x0 === x1) {
     x0 -= 1;
     x1 += 1;
@@ -68,10 +85,23 @@ function chart(title, series, empty) {
     svg += `<path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.6" stroke-dasharray="${s.dash}"/>`;
     if (s.points.length < 40)
       s.points.forEach((p) => {
-        svg += `<circle cx="${sx(p[0])}" cy="${sy(p[1])}" r="2" fill="${s.color}"><title>${esc(s.label)} step ${p[0]}: ${fmt(p[1])}</title></circle>`;
+        const interval = p.length > 2 ? ` (95% interval ${fmt(lowOf(p))} to ${fmt(highOf(p))})` : "";
+        if (p.length > 2) {
+          const [x, lo, hi] = [sx(p[0]).toFixed(1), sy(lowOf(p)).toFixed(1), sy(highOf(p)).toFixed(1)];
+          svg += `<path class="interval" d="M${x},${lo}L${x},${hi}M${+x - 3},${lo}h6M${+x - 3},${hi}h6" stroke="${s.color}" stroke-width="1" fill="none"/>`;
+        }
+        svg += `<circle cx="${sx(p[0])}" cy="${sy(p[1])}" r="2" fill="${s.color}"><title>${esc(s.label)} step ${p[0]}: ${fmt(p[1])}${interval}</title></circle>`;
       });
   });
   card.appendChild(el("div", {}, svg + "</svg>"));
+  if (pts.some((p) => p.length > 2))
+    card.appendChild(
+      el(
+        "div",
+        { className: "muted" },
+        "Bars: each evaluation's 95% interval (mean ± 1.96 s.e. over its problems). Two points whose bars overlap may differ by noise alone.",
+      ),
+    );
   card.appendChild(
     el(
       "div",
@@ -107,7 +137,8 @@ function runEvaluations() {
               dash: DASHES[r % DASHES.length],
               logged: false,
             });
-          series.get(label).points.push([e.step, value]);
+          const error = metrics[`${key}_stderr`];
+          series.get(label).points.push(typeof error === "number" ? [e.step, value, error] : [e.step, value]);
         });
       });
     });
@@ -149,7 +180,8 @@ function curves(main) {
         ? `no evaluation during training (--eval_every N), and none of the ${evals} evaluation(s) in the run directory is of a model whose step is known: see the Evaluation tab`
         : "";
     const fromRunDir = heldOut && series.length && !series[0].logged;
-    grid.appendChild(chart(fromRunDir ? `${title}: the run directory's evaluations` : title, series, empty));
+    const name = fromRunDir ? `${title}: the run directory's evaluations` : title;
+    grid.appendChild(chart(name, series, empty, heldOut));
   });
 }
 
