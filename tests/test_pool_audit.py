@@ -25,6 +25,7 @@ from lanpo.report.audit import (
     is_specific,
     lift_interval,
     markdown,
+    names_the_domain,
     near_duplicate_key,
     problem_details,
     states_an_answer,
@@ -120,6 +121,58 @@ def test_even_retrieval_gives_the_top_tenth_about_a_tenth_and_one_favourite_give
     assert math.isclose(even, math.ceil(0.1 * n) / n)
     assert top_share({0: each}, n) == 1.0
     assert top_share({}, n) is None
+
+
+PRINCIPLES = [  # general, and repeated across problems as naturally as praise: each names an operation, a quantity or a check
+    "Line up the digits by place value.",
+    "Check a difference by adding it back to the smaller number.",
+    "Carry the tens when a column sums past nine.",
+    "Multiply before you add unless parentheses say otherwise.",
+    "Keep the units of each quantity until the end.",
+    "Estimate the result first and compare it with the answer.",
+    "An empty list has no largest element: return None for it.",
+    "Loop over every index, the last one included.",
+    "Compare with x > 4, not x >= 4, when the boundary is excluded.",
+    "Subtracting a negative number adds its value.",
+]
+PRAISE = [  # empty: praise and advice that names nothing of the domain
+    "This is a great example of clarity.",
+    "Stay focused and be careful.",
+    "Always be thorough and thoughtful.",
+    "A step should be a step.",
+    "Good work shows good thinking.",
+    "Read the problem carefully.",
+    "Go step-by-step and do your best.",
+    "It is significant to think clearly.",
+    "Believe in the approach and stay motivated.",
+    "The mindset of the customer matters most.",
+]
+
+
+@pytest.mark.parametrize("lesson", PRINCIPLES)
+def test_a_general_principle_names_the_domain(lesson):
+    assert names_the_domain(lesson)
+
+
+@pytest.mark.parametrize("lesson", PRAISE)
+def test_empty_praise_names_nothing_of_the_domain(lesson):
+    assert not names_the_domain(lesson)
+
+
+def test_repeated_principles_are_counted_apart_from_repeated_praise_and_only_praise_is_boilerplate():
+    """Three problems whose entries repeat the same lessons: a principle and a line of praise in each. Both are
+    repeated; only the praise is empty, and the entries are boilerplate only where half their lessons are empty."""
+    principled = [entry(f"p{i}", f"Compute {10 + i} + 7.", [PRINCIPLES[0]], [PRINCIPLES[1]], id=i) for i in range(3)]
+    praised = [entry(f"q{i}", f"Compute {20 + i} + 7.", [PRAISE[0]], [PRINCIPLES[2]], id=10 + i) for i in range(3)]
+    audit = audit_pool(principled + praised, {})
+    summary = audit.summary()
+    assert summary["repeated_lesson_share"] == 1.0  # every lesson repeats across problems
+    assert summary["repeated_general_share"] == 9 / 12 and summary["empty_lesson_share"] == 3 / 12
+    assert [e.empty_lessons for e in audit.entries] == [0, 0, 0, 1, 1, 1]
+    assert summary["boilerplate_entries"] == 0.5  # the entries of praise: half their lessons empty
+    text = markdown(audit)
+    assert "| 3 | This is a great example of clarity. | nothing (empty) |" in text
+    assert "| 3 | Line up the digits by place value. | the domain |" in text
 
 
 def test_the_audit_of_a_hand_built_pool():

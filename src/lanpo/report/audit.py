@@ -9,9 +9,13 @@ problem-specific details. This module measures what a script can and draws the 5
 - **answers stated**: lessons that state an answer at all ("the answer is", ``\\boxed``), hold code, or state
   their own problem's gold in any form (where the golds are known). The scrub at summary time drops these, so
   the count should be 0;
-- **boilerplate**: lessons repeated across problems. Two lessons are near-duplicates when they hold the same
-  content words (lower case; numbers and :data:`STOPWORDS` dropped; order ignored), so "Check the arithmetic
-  carefully" and "carefully check your arithmetic" are one. A lesson every problem gets says nothing about any;
+- **repeated and empty lessons**: lessons repeated across problems, told apart by what they name. Two lessons are
+  near-duplicates when they hold the same content words (lower case; numbers and :data:`STOPWORDS` dropped; order
+  ignored), so "Check the arithmetic carefully" and "carefully check your arithmetic" are one. Repetition alone is
+  no fault: a general principle ("line up the digits by place value") repeats across problems as naturally as empty
+  praise ("a great example of clarity") does. A lesson that names an operation, a quantity or a check of the
+  domain (:func:`names_the_domain`: a word of :data:`DOMAIN_WORDS`, a number, an operator) is substantive;
+  one that names none is **empty**, and an entry at least half of whose lessons are empty is **boilerplate**;
 - **length and parse state**: words per lesson, lessons per entry, entries with no flow of thought, no principle
   or no pitfall;
 - **uses and lift** (:mod:`lanpo.pool.worth`): rows shown the entry, and the mean in-group lift of those whose
@@ -50,6 +54,23 @@ STOPWORDS = frozenset(
     most other into out up down over under again once only own same both few when where which while who whom what
     why how about after before between through during above below because until against one ones""".split()
 )
+# Word stems that name an operation, a quantity or a check of lanpo's domains (math and code): a lesson holding a word
+# of one (the stem and at most MAX_SUFFIX letters more: "subtracting", not "significant" for "sign"), a number or an
+# operator between spaces or digits says something a problem can use, however general; one holding none is empty.
+DOMAIN_WORDS = tuple(
+    """add addit sum subtract minus differen multipl multiplicat times product divid divis quotient remainder modul
+    fraction numerator denominator decimal percent ratio proportion rate average median carry borrow digit place tens
+    hundred unit round estimat negative positive sign zero odd parity prime factor factoriz square cube root exponent
+    equation variable unknown expression solve substitut simplif simplificat parenthes bracket formula area perimeter
+    volume length width height angle triangle circle radius diameter distance speed price cost total count number
+    quantit amount value greater equal compar maximum minimum largest smallest inequalit integer half double twice
+    third quarter verif verificat check recompute plug calculat comput arithmetic operation loop iterat index list
+    array string character element return condition boundary edge empty range slice input output function argument
+    parameter recursion sort revers filter append""".split()
+)
+MAX_SUFFIX = 5
+_DOMAIN_WORD = re.compile(rf"^(?:{'|'.join(DOMAIN_WORDS)})[a-z]{{0,{MAX_SUFFIX}}}$")
+_OPERATOR = re.compile(r"\d|(?:^|[\s\d])[-+*/×÷=<>^%√](?:$|[\s\d])")
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:[.,]\d+)*")
 _SENTENCE_START = re.compile(r"(?:^|[.!?:]\s+|\n\s*)([A-Z][A-Za-z]*)")
@@ -76,6 +97,8 @@ class EntryAudit:
     specific_lessons: int
     answers_stated: int
     repeated_lessons: int  # lessons with a near-duplicate in another problem's entries
+    empty_lessons: int  # lessons that name no operation, quantity or check of the domain (names_the_domain)
+    repeated_general: int  # repeated lessons that name one: general principles, not boilerplate
     parse: str  # "complete", or what is missing
     uses: int
     credited: int
@@ -142,7 +165,9 @@ class Audit:
             "answers_stated": sum(e.answers_stated for e in entries),
             "golds_known": self.golds_known,
             "repeated_lesson_share": sum(e.repeated_lessons for e in entries) / lessons if lessons else 0.0,
-            "boilerplate_entries": self.share(lambda e: e.lessons and e.repeated_lessons * 2 >= e.lessons),
+            "repeated_general_share": sum(e.repeated_general for e in entries) / lessons if lessons else 0.0,
+            "empty_lesson_share": sum(e.empty_lessons for e in entries) / lessons if lessons else 0.0,
+            "boilerplate_entries": self.share(lambda e: e.lessons and e.empty_lessons * 2 >= e.lessons),
             "words_per_lesson": _mean(e.words_per_lesson for e in entries if e.lessons),
             "lessons_per_entry": lessons / len(entries) if entries else 0.0,
             "incomplete": dict(Counter(e.parse for e in entries if e.parse != "complete")),
@@ -190,6 +215,16 @@ def is_specific(lesson: str, numbers: set[str], names: set[str]) -> bool:
     if numbers and {n.replace(",", "") for n in _NUMBER.findall(lesson)} & numbers:
         return True
     return bool(names and set(_WORD.findall(lesson)) & names)
+
+
+def names_the_domain(lesson: str) -> bool:
+    """Whether a lesson names an operation, a quantity or a check of the domain: a word starting with a stem of
+    :data:`DOMAIN_WORDS` ("line up the digits by place value", "check a difference by adding it back", "an empty
+    list has no largest element"), a number or an operator. Empty praise and advice about nothing ("a great example
+    of clarity", "stay focused and be careful") names none."""
+    if _OPERATOR.search(lesson):
+        return True
+    return any(_DOMAIN_WORD.match(word.lower()) for word in _WORD.findall(lesson))
 
 
 def states_an_answer(lesson: str, gold: Gold | None) -> bool:
@@ -321,6 +356,10 @@ def audit_pool(
                 specific_lessons=sum(is_specific(x, numbers, names) for x in lessons),
                 answers_stated=sum(states_an_answer(x, gold) for x in lessons),
                 repeated_lessons=sum(len(problems_of_key[near_duplicate_key(x)]) > 1 for x in lessons),
+                empty_lessons=sum(not names_the_domain(x) for x in lessons),
+                repeated_general=sum(
+                    len(problems_of_key[near_duplicate_key(x)]) > 1 and names_the_domain(x) for x in lessons
+                ),
                 parse=parse_state(entry),
                 uses=record.uses,
                 credited=record.credited,
@@ -388,7 +427,10 @@ def markdown(audit: Audit, repeated: int = 10) -> str:
         f"| lessons stating an answer, code, or their problem's gold | {s['answers_stated']} "
         f"(golds known for {s['golds_known']} of {s['entries']} entries) |",
         f"| lessons repeated across problems (near-duplicates) | {_pct(s['repeated_lesson_share'])} |",
-        f"| boilerplate entries (at least half their lessons repeated) | {_pct(s['boilerplate_entries'])} |",
+        f"| of them, general principles (naming an operation, quantity or check) | "
+        f"{_pct(s['repeated_general_share'])} |",
+        f"| empty lessons (naming no operation, quantity or check) | {_pct(s['empty_lesson_share'])} |",
+        f"| boilerplate entries (at least half their lessons empty) | {_pct(s['boilerplate_entries'])} |",
         f"| words per lesson (mean) / lessons per entry | {_num(s['words_per_lesson'], 1)} / "
         f"{s['lessons_per_entry']:.1f} |",
         "| incomplete entries | "
@@ -406,8 +448,11 @@ def markdown(audit: Audit, repeated: int = 10) -> str:
         "",
     ]
     if audit.repeated:
-        lines += ["## Lessons repeated across problems", "", "| problems | lesson |", "|---|---|"]
-        lines += [f"| {n} | {_cell(text)} |" for text, n in audit.repeated[:repeated]]
+        lines += ["## Lessons repeated across problems", "", "| problems | lesson | names |", "|---|---|---|"]
+        lines += [
+            f"| {n} | {_cell(text)} | {'the domain' if names_the_domain(text) else 'nothing (empty)'} |"
+            for text, n in audit.repeated[:repeated]
+        ]
         lines.append("")
     judged = [e for e in audit.entries if e.low is not None]
     if judged:

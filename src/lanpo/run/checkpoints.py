@@ -16,8 +16,8 @@ import os
 import re
 import shutil
 import sqlite3
-from contextlib import contextmanager
 from collections.abc import Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
