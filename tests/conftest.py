@@ -14,6 +14,13 @@ settings.register_profile("ci", deadline=None)
 settings.register_profile("thorough", deadline=None, max_examples=10_000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Under pytest-xdist (`make test`: `-n 2`) each worker gets its share of the cores, so two workers' torch threads never
+# fight over one core (a thread on a core another process holds stalls every parallel region); the processes a test
+# starts (`lanpo train`, grid cells) inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

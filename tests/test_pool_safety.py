@@ -181,6 +181,7 @@ def test_export_never_overwrites_its_pool_and_import_names_bad_lines(tmp_path):
     assert "line 3: a JSON int" in message and "'step'" in message and "line 6" in message and "missing" in message
 
 
+@pytest.mark.alone
 def test_the_summary_parser_is_linear_on_unclosed_json():
     from lanpo.prompts import parse_summary
 

@@ -290,6 +290,8 @@ def add(a, b):
 """
 READ_KEY = """
 import ctypes, platform
+
+pytestmark = pytest.mark.alone  # the host's memory is read around each run: `make test` runs this with the machine to itself
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 NUMBERS = {"x86_64": (248, 250), "aarch64": (217, 219)}
