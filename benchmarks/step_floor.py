@@ -22,11 +22,14 @@ to, summaries), not how the step is run.
 
 Arms (``--arms``): ``grpo-trl`` (p_t = 0 as TRL runs it: its fused LM head, its old log-probability pass under
 vLLM: before); ``grpo-compact`` (``logprob_head compact``); ``grpo`` (compact and ``old_logps_from_loss``: after);
-``lanpo`` (the paper's defaults, with both); ``lanpo-ahead`` (the same, ``reflection_source ahead``: the next
-step's problems attempted in this step's batch, so reflection needs no second phase after step 1); ``lanpo-lift`` and
+``lanpo`` (the paper's defaults, with both: ``generation_rounds one``, every row, summary and next-step attempt in
+one call); ``lanpo-phased`` (the same under ``generation_rounds phased``, the arrangement before: a problem's first
+visit reflects on the step's own scratch rows in a second call); ``lanpo-ahead`` (phased with ``reflection_source
+ahead``: the next step's problems attempted in this step's batch, so reflection needs no second phase after step 1); ``lanpo-lift`` and
 ``lanpo-simutil`` (``retrieval_rank lift`` / ``simutil``, verdict-worth.yaml's arms: each entry's worth, its
 bookkeeping and ranking, is also timed apart, as a share of each step, in every arm that does it) and ``unsolved``
-(``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered);
+(``feedback_trigger unsolved``, with both; its ratio is also given over the steps where no group triggered) and
+``unsolved-phased`` (the same, phased: GRPO's rollout, then the failed groups' feedback rows in a second call);
 ``score-additive`` and ``score-contrastive`` (``feedback_route score``: GRPO's rows, each read by the start model
 under its gold answer, with 2 wrong answers too under the contrastive form: the teacher pass is timed apart; the
 bound, every row scored) and ``score-reference`` (the arm ``verdict-score.yaml`` runs: half a worked solution,
@@ -75,10 +78,12 @@ ARMS = (
     "grpo-compact",
     "grpo",
     "lanpo",
+    "lanpo-phased",
     "lanpo-ahead",
     "lanpo-lift",
     "lanpo-simutil",
     "unsolved",
+    "unsolved-phased",
     "score-additive",
     "score-contrastive",
     "score-reference",
@@ -147,7 +152,11 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
     if arm == "unsolved":
         cli += ["--feedback_trigger", "unsolved"]
     if arm == "lanpo-ahead":
-        cli += ["--reflection_source", "ahead"]
+        cli += ["--reflection_source", "ahead", "--generation_rounds", "phased"]
+    if arm in ("lanpo-phased", "unsolved-phased"):
+        cli += ["--generation_rounds", "phased"]
+    if arm == "unsolved-phased":
+        cli += ["--feedback_trigger", "unsolved"]
     if arm == "execution":  # verdict-code.yaml's arm: a failed attempt and its run on the public examples
         cli += grid_arm(CODE_GRID, arm)
     if arm in ("lanpo-lift", "lanpo-simutil"):  # verdict-worth.yaml's arms
@@ -434,6 +443,11 @@ def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -
             for s, h in zip(clock.steps, logs)
         ],
         "triggered_share": [h.get("lanpo/triggered_share") for h in logs],
+        "generation_rounds": [h.get("lanpo/generation_rounds") for h in logs],
+        "round_rows": [
+            [h.get(f"lanpo/round{k}/rows") for k in range(1, 1 + int(h.get("lanpo/generation_rounds") or 0))]
+            for h in logs
+        ],
         "feedback_share": [h.get("lanpo/feedback_share") for h in logs],
         "completion_tokens": [h.get("completions/mean_length") for h in logs],
         "checkpoint_s": clock.saves,
@@ -482,6 +496,8 @@ def summarize(runs: dict[str, dict]) -> dict:
             **({"peak_gpu_gib": round(run["peak_gpu_gib"], 2)} if "peak_gpu_gib" in run else {}),
             "feedback_share": run["feedback_share"],
             "triggered_share": run["triggered_share"],
+            "generation_rounds": run["generation_rounds"],  # calls into the engine, step by step
+            "rows_per_round": run["round_rows"],
             "mean_completion_tokens": median([t for t in run["completion_tokens"][later] if t is not None]),
         }
         if "floor" in run:
@@ -560,6 +576,9 @@ def summarize(runs: dict[str, dict]) -> dict:
         ratios[f"{arm} / its own rows generated in one call, over steps 2..N"] = spread(
             [t / m for t, m in zip(run["step_time"][later], merged[arm][later])]
         )
+    ratios["generation rounds a step, steps 2..N"] = {
+        arm: median([r for r in run["generation_rounds"][later] if r is not None]) for arm, run in runs.items()
+    }
     if "grpo" in runs:
         for arm in runs:
             ratios[f"{arm} / grpo, step k over grpo's step k (same problems), steps 2..N"] = spread(

@@ -284,11 +284,12 @@ def test_feedback_sources_see_no_label():
     """A source is asked with FeedbackRequests, which carry no gold answer and no reward (a hint level and scale
     are the run's, not the problem's); every planned kind has a source and every source a planned kind; the
     label-free kinds are feedback_source self's and execution (built from the statement's public examples and the
-    model's own attempt), and the privileged ones are marked so."""
+    model's own attempt), and the privileged ones are marked so. (``step`` is the step asking, which wrote the
+    attempts it hands over.)"""
     from lanpo.feedback import SOURCES, FeedbackRequest
     from lanpo.plan import KINDS, PRIVILEGED_KINDS, SELF_KINDS
 
-    assert set(FeedbackRequest._fields) == {"problem_id", "problem", "rows", "attempts", "level", "scale"}
+    assert set(FeedbackRequest._fields) == {"problem_id", "problem", "rows", "attempts", "level", "scale", "step"}
     assert set(SOURCES) == set(KINDS)
     assert all(kind == source.kind and source.privileged == KINDS[kind].privileged for kind, source in SOURCES.items())
     assert {k for k, s in SOURCES.items() if s.privileged} == set(PRIVILEGED_KINDS)
@@ -393,8 +394,10 @@ def test_a_kind_registered_in_a_test_trains_with_nothing_else_changed(echo_kind,
     trainer = make_trainer(
         tiny_model_dir, tmp_path, feedback_source="echo", feedback_ratio=0.5, feedback_trigger=trigger, max_steps=2
     )
-    assert set(trainer.feedback_sources) == {"echo"}
-    trainer._model_io.score = lambda rows: [False] * len(rows)  # unsolved: every group fails, so every one is asked
+    assert set(trainer.parts.sources) == {"echo"}
+    trainer.policy.rollout.score = lambda rows: (
+        [False] * len(rows)
+    )  # unsolved: every group fails, so every one is asked
     trainer.train()
     samples = [json.loads(x) for x in (Path(trainer.args.output_dir) / "samples.jsonl").read_text().splitlines()]
     echoed = [s for s in samples if s["kind"] == "echo"]
@@ -418,3 +421,57 @@ def test_a_kind_cannot_take_a_name_the_plan_uses_or_a_source_registered_already(
     with pytest.raises(ValueError, match="has a source already"):
         registry.register(other)
     registry.register(echo_kind)  # the same source again: nothing changes
+
+
+TRAINER_NAMES = ("trainer", "host")  # what a helper calls a LanpoTrainer it was handed
+
+
+def private_reads(tree: ast.AST) -> list[str]:
+    """Where a module reads a private attribute of a trainer it holds (``trainer._x``, ``host._x``)."""
+    return [
+        f"line {node.lineno}: {ast.unparse(node)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in TRAINER_NAMES
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+
+
+def test_no_module_but_the_trainer_reads_a_private_attribute_of_the_trainer():
+    offenders = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name != "trainer.py" and (found := private_reads(ast.parse(path.read_text()))):
+            offenders[str(path.relative_to(PACKAGE))] = found
+    assert not offenders, offenders
+    assert private_reads(ast.parse("def f(trainer):\n    return trainer._model_io.decode")) == [
+        "line 2: trainer._model_io"
+    ]  # the check can fail
+
+
+def test_the_trainer_holds_trls_hooks_and_few_attributes_of_its_own():
+    """At most 400 lines and 8 private attributes it assigns itself (TRL's and transformers' own, which it sets as
+    TRL does, do not count): the step's state lives in named objects (lanpo.step, lanpo.tap, lanpo.run.meter, ...)."""
+    import transformers.trainer
+    import trl.trainer.grpo_trainer
+
+    text = (PACKAGE / "trainer.py").read_text()
+    assert len(text.splitlines()) <= 400
+
+    def assigned(source: str) -> set[str]:
+        return {
+            node.attr
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "self"
+            and node.attr.startswith("_")
+        }
+
+    theirs = set()
+    for module in (trl.trainer.grpo_trainer, transformers.trainer):
+        theirs |= assigned(Path(module.__file__).read_text())
+    own = assigned(text) - theirs
+    assert len(own) <= 8, sorted(own)

@@ -402,7 +402,7 @@ def test_code_without_bubblewrap_is_refused_before_a_model_loads(workdir, capsys
     "overrides, says",
     [
         ({"reflection_source": "ahead", "feedback_ratio": 0.0}, "reflection_source ahead does nothing"),
-        ({"reflection_source": "ahead", "feedback_source": "gold"}, "reflection_source ahead does nothing"),
+        ({"reflection_source": "ahead", "feedback_source": "reference"}, "reflection_source ahead does nothing"),
         ({"feedback_trigger_pass_rate": 0.25}, "feedback_trigger_pass_rate does nothing"),
     ],
 )

@@ -408,6 +408,7 @@ def test_the_trainers_environment_and_files_are_not_visible(sandbox, monkeypatch
         ),
     ],
 )
+@pytest.mark.alone
 def test_resource_attacks_end_with_zero_and_leave_nothing_running(sandbox, kind, code):
     before = dict(sandbox.stats)
     started = time.monotonic()
@@ -639,7 +640,7 @@ def test_each_privileged_source_and_the_unsolved_trigger_train_on_code(tiny_mode
         tiny_model_dir,
         tmp_path,
         builtin_code("3", n=4),
-        max_steps=1,
+        max_steps=2,
         max_completion_length=16,
         feedback_source=source,
         feedback_trigger="unsolved",
@@ -652,8 +653,10 @@ def test_each_privileged_source_and_the_unsolved_trigger_train_on_code(tiny_mode
     assert all(math.isfinite(x) for x in history(trainer, "loss"))
     logged = {k for h in trainer.state.log_history for k in h}
     assert "code/no_code" in logged and "lanpo/triggered_share" in logged
-    assert history(trainer, "lanpo/triggered_share")[0] == 1.0  # a random model solves nothing: every group triggers
-    assert history(trainer, "lanpo/feedback_share")[0] > 0
+    # a random model solves nothing: from the second step (the trigger reads the attempts made a step ahead) every
+    # group triggers
+    assert history(trainer, "lanpo/triggered_share")[-1] == 1.0
+    assert history(trainer, "lanpo/feedback_share")[-1] > 0
 
 
 @needs_bwrap
@@ -722,6 +725,7 @@ def _host_shmem_mb() -> float:
 
 @needs_bwrap
 @pytest.mark.parametrize("bound", ["as found", "rlimits"])
+@pytest.mark.alone
 def test_writes_past_the_tmpfs_bound_fail_and_the_hosts_memory_stays_bounded(monkeypatch, bound):
     """/tmp and /dev/shm are RAM-backed: each is sized, the rest of /dev and bubblewrap's own root (a tmpfs too) are
     read-only, so 2 sandboxes that try to write 60 files of 1 MB in each place (/ and a new folder under it

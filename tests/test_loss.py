@@ -10,6 +10,7 @@ import torch
 from trl.trainer.utils import split_tensor_dict
 
 import lanpo.loss
+import lanpo.step
 from lanpo.engine.generation import left_pad
 from lanpo.loss import bucket_by_prompt_length
 from test_trainer import make_trainer, stub_summaries
@@ -35,10 +36,10 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
     )  # no clipping: compare the raw ratios
     stub_summaries(trainer)
     checked = {"rows": 0, "tokens": 0}
-    attach = trainer._attach_feedback_inputs
+    attach = lanpo.step.attach_feedback_inputs
 
-    def attach_and_reference(output, generation):
-        attach(output, generation)
+    def attach_and_reference(parts, output, generation):
+        attach(parts, output, generation)
         rows = generation.rows
         # the reference: one forward under each row's context (plain prompt for scratch rows), as before
         reference = _forward(
@@ -51,7 +52,7 @@ def test_strip_weights_from_the_sampler_equal_the_two_forward_computation(tiny_m
             checked["rows"] += int(feedback.any(1).sum())
         output["test_reference_context"] = torch.where(feedback, reference, torch.full_like(reference, float("nan")))
 
-    trainer._attach_feedback_inputs = attach_and_reference
+    monkeypatch.setattr(lanpo.step, "attach_feedback_inputs", attach_and_reference)
     compute_loss, strip_weights, seen = trainer._compute_loss, lanpo.loss.objective.strip_weights, []
 
     def loss_with_reference(model, inputs):
@@ -90,15 +91,17 @@ def test_strip_mode_runs_no_extra_forward_when_the_sampler_reports_log_probabili
     assert calls.count(False) == 2 and calls.count(True) == 2, calls
 
 
-def test_strip_mode_falls_back_to_a_forward_when_a_generator_reports_no_log_probabilities(tiny_model_dir, tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="strip", max_steps=2)
+def test_strip_mode_falls_back_to_a_forward_when_a_generator_reports_no_log_probabilities(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss="strip", max_steps=2, generation_rounds="phased")
     stub_summaries(trainer)
     original = trainer._generate_ids
     trainer._generate_ids = lambda ids: (original(ids)[0], None)
-    attach, checked = trainer._attach_feedback_inputs, []
+    attach, checked = lanpo.step.attach_feedback_inputs, []
 
-    def attach_and_check(output, generation):
-        attach(output, generation)
+    def attach_and_check(parts, output, generation):
+        attach(parts, output, generation)
         rows = generation.rows
         assert all(r.sampler_logps is None for r in rows)
         reference = _forward(
@@ -111,7 +114,7 @@ def test_strip_mode_falls_back_to_a_forward_when_a_generator_reports_no_log_prob
         assert torch.isnan(output["lanpo_context_logps"][scratch]).all()
         checked.append(int(feedback.sum()))
 
-    trainer._attach_feedback_inputs = attach_and_check
+    monkeypatch.setattr(lanpo.step, "attach_feedback_inputs", attach_and_check)
     trainer.train()
     assert len(checked) == 2
 
@@ -413,7 +416,15 @@ def test_lanpo_kl_on_rows_sampled_under_their_own_prompt_is_trl_s(tiny_model_dir
 def test_a_short_high_learning_rate_run_logs_finite_loss_grad_norm_and_kl_split_at_every_step(
     tiny_model_dir, tmp_path, mode
 ):
-    trainer = make_trainer(tiny_model_dir, tmp_path, context_in_loss=mode, max_steps=4, learning_rate=0.05, beta=0.1)
+    trainer = make_trainer(  # phased: every step has feedback rows (one: the first step's all go plain)
+        tiny_model_dir,
+        tmp_path,
+        context_in_loss=mode,
+        max_steps=4,
+        learning_rate=0.05,
+        beta=0.1,
+        generation_rounds="phased",
+    )
     stub_summaries(trainer)
     trainer.train()
     logged = [h for h in trainer.state.log_history if "loss" in h and "train_runtime" not in h]

@@ -50,6 +50,7 @@ def test_missing_paths_and_offline_hub_ids_fail_clearly(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_embedded_default_converts_once_then_loads_fast_and_generates():
     from lanpo.engine.generation import generate
     from lanpo.prompts import solve_messages
@@ -149,7 +150,7 @@ def test_the_thread_sizer_follows_other_work_between_steps(monkeypatch):
 
     import torch
 
-    from lanpo.trainer import ThreadSizer
+    from lanpo.engine.models import thread_sizer
 
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     readings = iter([1.1, 1.0, 0.1])
@@ -163,7 +164,7 @@ def test_the_thread_sizer_follows_other_work_between_steps(monkeypatch):
         def mark(self):
             pass
 
-    sizer = ThreadSizer()
+    sizer = thread_sizer()
     sizer.share = Share()
     state = SimpleNamespace(global_step=1)
     before = torch.get_num_threads()
@@ -181,6 +182,7 @@ def test_the_thread_sizer_follows_other_work_between_steps(monkeypatch):
         torch.set_num_threads(before)
 
 
+@pytest.mark.alone
 def test_cpu_share_counts_other_programs_not_this_process_or_its_children():
     """A busy program started apart (not a child) shows as about one core; this process's own children (the
     verifier's workers, a vLLM engine) do not."""

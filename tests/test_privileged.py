@@ -292,7 +292,7 @@ def test_a_short_run_of_each_source_logs_finite_loss_and_its_metrics(tiny_model_
         scored.append(len(rows))
         return [False] * len(rows)
 
-    trainer._model_io.score = right
+    trainer.policy.rollout.score = right
     trainer.train()
     losses = history(trainer, "loss")
     assert losses and all(math.isfinite(x) for x in losses)
@@ -328,7 +328,7 @@ def test_no_solution_reaches_a_scratch_row_an_attempt_a_summary_or_the_reward(ti
     references = dict(trainer.references)
     steps = {s for r in references.values() for s in split_steps(r.solution)}
     rows_seen, trials_seen = [], []
-    after, add = trainer._after_rollouts, trainer._add_summaries
+    after, add = trainer.after_rollouts, trainer.writer.add
 
     def capture(output, generation):
         rows_seen.extend(generation.rows)
@@ -338,7 +338,7 @@ def test_no_solution_reaches_a_scratch_row_an_attempt_a_summary_or_the_reward(ti
         trials_seen.extend(trials)
         add(trials, texts)
 
-    trainer._after_rollouts, trainer._add_summaries = capture, summaries
+    trainer.after_rollouts, trainer.writer.add = capture, summaries
     trainer.train()
     assert seen_kwargs and all("solution" not in k for k in seen_kwargs)
     scratch = [r for r in rows_seen if not r.has_feedback]
@@ -417,7 +417,7 @@ def test_a_checkpoint_keeps_the_ladder_and_transfer(tiny_model_dir, tmp_path):
     first = make_trainer(
         tiny_model_dir, tmp_path, feedback_source="reference", max_steps=2, save_strategy="steps", save_steps=2
     )
-    first._model_io.score = lambda rows: [False] * len(rows)
+    first.policy.rollout.score = lambda rows: [False] * len(rows)
     first.train()
     state = json.loads((tmp_path / "run" / "checkpoint-2" / "feedback_state.json").read_text())
     assert state["hint_ladder"]["levels"] == first.hint_ladder.levels and first.hint_ladder.levels

@@ -282,7 +282,9 @@ def test_demo_shows_a_pool_entry_and_a_feedback_rollout(trained_run):
 
 
 def test_completions_table_logs_each_rows_real_prompt(tiny_model_dir, tmp_path):
-    trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=1, reflection_share=1.0, log_completions=True)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, max_steps=2, reflection_share=1.0, log_completions=True
+    )  # step 1 reflects
     trainer.train()
     prompts = [p[-1]["content"] for p in trainer._logs["prompt"]]
     assert any("Earlier attempt" in p for p in prompts)  # reflection rows: their feedback prompt, not the plain one

@@ -158,6 +158,7 @@ def groups_of(pid: int, parent: Path | None) -> list[str]:
 
 @needs_bwrap
 @pytest.mark.parametrize("kind", sorted(FILLERS))
+@pytest.mark.alone  # reads the host's memory around the run
 def test_a_runs_processes_together_take_no_more_than_its_bound(bounded, kind):
     code = FILLERS[kind] + RIGHT
     drop, result = least_drop_mb(lambda: bounded.run(code, ADD), BOUND_MB + OVERHEAD_MB)
@@ -171,6 +172,7 @@ def test_a_runs_processes_together_take_no_more_than_its_bound(bounded, kind):
 
 
 @needs_bwrap
+@pytest.mark.alone  # reads the host's memory around the run
 def test_the_bound_holds_for_each_run_with_several_workers(bounded):
     code = FILLERS["fork and fill"] + RIGHT
     drop, results = least_drop_mb(lambda: bounded.run_many([(code, ADD), (code, ADD)]), 2 * BOUND_MB + OVERHEAD_MB)
@@ -180,6 +182,7 @@ def test_the_bound_holds_for_each_run_with_several_workers(bounded):
 
 
 @needs_bwrap
+@pytest.mark.alone  # reads the host's memory around the run
 def test_without_a_control_group_the_rlimits_split_the_bound_over_the_processes(monkeypatch):
     monkeypatch.setattr(cgroups, "own_groups", lambda *args: [])
     box = Sandbox(Limits(timeout=10.0, cpu_seconds=8, memory_mb=512, processes=8), workers=1)
@@ -290,8 +293,6 @@ def add(a, b):
 """
 READ_KEY = """
 import ctypes, platform
-
-pytestmark = pytest.mark.alone  # the host's memory is read around each run: `make test` runs this with the machine to itself
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 NUMBERS = {"x86_64": (248, 250), "aarch64": (217, 219)}

@@ -107,7 +107,10 @@ def test_lanpo_trains_in_both_context_modes(tiny_model_dir, tmp_path, mode):
     assert any(s["feedback"] for s in samples)
 
 
-def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("rounds, summaries", [("phased", 2), ("one", 0)])
+def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path, rounds, summaries):
+    """p_t = 0 is TRL's GRPO bit for bit: under generation_rounds phased even while the pool is built (summaries in
+    a call of their own under a forked RNG); under one (where summaries ride with the rows) with no summaries."""
     from trl import GRPOConfig, GRPOTrainer
 
     dataset = to_prompt_dataset(builtin_arith("1", n=8))
@@ -119,26 +122,40 @@ def test_feedback_ratio_zero_is_exactly_trl_grpo(tiny_model_dir, tmp_path):
         processing_class=load_tokenizer(str(tiny_model_dir)),
     )
     grpo.train()
-    # p_t = 0 with the pool being built all along (summaries generated under a forked RNG)
-    lanpo = make_trainer(tiny_model_dir, tmp_path, "lanpo", feedback_ratio=0.0, summaries_per_group=2, max_steps=3)
+    lanpo = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "lanpo",
+        feedback_ratio=0.0,
+        summaries_per_group=summaries,
+        max_steps=3,
+        generation_rounds=rounds,
+    )
     stub_summaries(lanpo)
     lanpo.train()
     for (name, a), (_, b) in zip(grpo.model.named_parameters(), lanpo.model.named_parameters()):
         assert torch.equal(a, b), name
     assert history(grpo, "loss") == history(lanpo, "loss")
     assert history(grpo, "reward") == history(lanpo, "reward")
-    assert len(lanpo.pool) > 0 and lanpo.pool.stats()["attempts"] > 0
+    assert (len(lanpo.pool) > 0) is (summaries > 0) and lanpo.pool.stats()["attempts"] > 0
     assert history(lanpo, "lanpo/feedback_share") == [0.0, 0.0, 0.0]
 
 
-def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live(tiny_model_dir, tmp_path, monkeypatch):
-    trainer = make_trainer(tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
+@pytest.mark.parametrize("rounds, steps", [("phased", 1), ("one", 2)])
+def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live(
+    tiny_model_dir, tmp_path, monkeypatch, rounds, steps
+):
+    """Each reflection shows one of the problem's own attempts (phased: this step's scratch rows; one: the attempt
+    stored a step earlier) and nothing of its gold or reward."""
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, max_steps=steps, generation_rounds=rounds
+    )
     trainer.train()
     reflected = [r for r in trainer.last_generation.rows if r.kind == "reflection" and r.has_feedback]
     assert reflected
     for row in reflected:
         context = row.context[-1]["content"]
-        attempts = [
+        attempts = [a.text for a in trainer.pool.attempts(row.problem_id) if a.step < steps - 1] + [
             r.text for r in trainer.last_generation.rows if r.problem_id == row.problem_id and r.kind == "scratch"
         ]
         assert any(a.strip() and a.strip() in context for a in attempts)
@@ -147,10 +164,18 @@ def test_reflection_prompts_in_training_never_show_rewards_and_the_guard_is_live
     import lanpo.prompts
 
     monkeypatch.setattr(lanpo.prompts, "REFLECTION_TEMPLATE", lanpo.prompts.REFLECTION_TEMPLATE + "\nreward: 1.0")
-    leaky = make_trainer(tiny_model_dir, tmp_path, "leaky", feedback_ratio=0.5, reflection_share=1.0, max_steps=1)
+    leaky = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        "leaky",
+        feedback_ratio=0.5,
+        reflection_share=1.0,
+        max_steps=steps,
+        generation_rounds=rounds,
+    )
     leaky.train()  # a context that cannot be built never stops a run: the row falls back, counted with a reason
     assert not any(r.has_feedback for r in leaky.last_generation.rows)
-    assert history(leaky, "lanpo/fallback/label_talk_in_template") == [1.0]
+    assert history(leaky, "lanpo/fallback/label_talk_in_template")[-1:] == [1.0]  # (one: step 0 had no attempt)
 
 
 def test_resume_continues_like_an_uninterrupted_run(tiny_model_dir, tmp_path):
@@ -218,17 +243,22 @@ def test_invalid_config_fails_before_any_model_loads(tmp_path, field, value, mes
 
 
 @pytest.mark.parametrize(
-    "ratio, share, source, warned",
+    "ratio, share, source, rounds, warned",
     [
-        (1.0, 0.5, "auto", True),
-        (1.0, 0.5, "step", True),
-        (1.0, 0.5, "pool", False),  # pool: stored attempts only
-        (1.0, 0.0, "auto", False),  # abstraction only: nothing to reflect on is needed
-        (0.75, 0.5, "auto", False),
-        (0.95, 0.5, "auto", True),  # 0.95 of 8 rounds to 8: no scratch row either
+        (1.0, 0.5, "auto", "phased", True),
+        (1.0, 0.5, "step", "phased", True),
+        (1.0, 0.5, "pool", "phased", False),  # pool: stored attempts only
+        (1.0, 0.0, "auto", "phased", False),  # abstraction only: nothing to reflect on is needed
+        (0.75, 0.5, "auto", "phased", False),
+        (0.95, 0.5, "auto", "phased", True),  # 0.95 of 8 rounds to 8: no scratch row either
+        (1.0, 0.5, "auto", "one", True),  # one: the first step's reflections (later ones: attempted ahead)
+        (1.0, 0.5, "pool", "one", False),
+        (0.75, 0.5, "auto", "one", False),
     ],
 )
-def test_warns_when_reflection_rows_have_no_scratch_rows_to_reflect_on(tmp_path, caplog, ratio, share, source, warned):
+def test_warns_when_reflection_rows_have_no_scratch_rows_to_reflect_on(
+    tmp_path, caplog, ratio, share, source, rounds, warned
+):
     """p_t = 1.0: a new problem's reflection rows fall back to the plain prompt; the user is told before the run
     that the realized p_t stays below the planned one until the pool holds attempts."""
     with caplog.at_level("WARNING", logger="lanpo.config"):
@@ -237,8 +267,14 @@ def test_warns_when_reflection_rows_have_no_scratch_rows_to_reflect_on(tmp_path,
             feedback_ratio=ratio,
             reflection_share=share,
             reflection_source=source,
+            generation_rounds=rounds,
         )
     assert any("nothing of its own to reflect on" in r.getMessage() for r in caplog.records) is warned
+
+
+def test_one_round_refuses_reflecting_on_the_steps_own_attempts(tmp_path):
+    with pytest.raises(ValueError, match="set generation_rounds phased"):
+        LanpoConfig(**common(tmp_path), feedback_ratio=0.5, reflection_source="step", generation_rounds="one")
 
 
 def test_at_p_t_one_reflection_waits_one_epoch_for_attempts(tiny_model_dir, tmp_path):
@@ -414,7 +450,8 @@ def test_two_processes_where_only_one_asks_the_llm_judge_both_finish(tiny_model_
     out = _launch_two_processes(tiny_model_dir, tmp_path / "judge", "uneven-judge", timeout=300)
     ranks = [json.loads((out / f"uneven-judge-rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["feedback_rows"] == [0, 0] and ranks[0]["kinds"] == ["scratch"]
-    assert all(n > 0 for n in ranks[1]["feedback_rows"]) and "abstraction" in ranks[1]["kinds"]
+    # one call a step: the first step's trigger has no stored attempt to read; the second reads those made ahead
+    assert ranks[1]["feedback_rows"][0] == 0 and ranks[1]["feedback_rows"][1] > 0 and "abstraction" in ranks[1]["kinds"]
 
 
 @pytest.mark.parametrize("mode", ["strip", "strip-sequence", "shaped", "unweighted"])
@@ -487,15 +524,18 @@ def test_pool_reflection_uses_stored_attempts_in_a_single_generation_phase(tiny_
     assert calls == [8]  # every row in one batch: no second phase
 
 
+@pytest.mark.parametrize("rounds", ["phased", "one"])
 def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_needs_no_second_phase(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, rounds
 ):
     """reflection_source ahead: each step's batch carries plain attempts at the next step's problems (2 a problem:
     min(reflection, scratch) rows), stored unscored; from the second step on every reflection shows one of them,
-    so a step is one generation call; the loss sees the step's own rows only."""
+    so a step is one generation call (under phased the first step waits for its own attempts; under one its
+    reflections go plain); the loss sees the step's own rows only."""
     trainer = make_trainer(
         tiny_model_dir,
         tmp_path,
+        generation_rounds=rounds,
         feedback_ratio=0.5,
         reflection_share=1.0,
         reflection_source="ahead",
@@ -506,7 +546,7 @@ def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_need
     original, add = trainer._generate_ids, trainer.pool.add_attempts
     trainer._generate_ids = lambda ids: calls.append((trainer.state.global_step, len(ids))) or original(ids)
     trainer.pool.add_attempts = lambda attempts, *worth: stored.extend(attempts) or add(attempts, *worth)
-    rows_seen = trainer._after_rollouts
+    rows_seen = trainer.after_rollouts
 
     def after(output, generation):
         assert len(output["completion_ids"]) == 8  # attempts ahead never reach TRL's batch
@@ -517,9 +557,12 @@ def test_ahead_reflection_attempts_the_next_steps_problems_in_the_batch_and_need
         )
         return rows_seen(output, generation)
 
-    trainer._after_rollouts = after
+    trainer.after_rollouts = after
     trainer.train()
-    assert calls == [(0, 4 + 4), (0, 4), (1, 8 + 4), (2, 8 + 4)]  # step 0 waits for its own attempts
+    first = [(0, 4 + 4), (0, 4)] if rounds == "phased" else [(0, 8 + 4)]  # phased: step 0 waits for its attempts
+    assert calls == first + [(1, 8 + 4), (2, 8 + 4)]
+    assert history(trainer, "lanpo/generation_rounds") == [len(first), 1.0, 1.0]
+    assert history(trainer, "lanpo/shown_attempt_age")[-2:] == [1.0, 1.0]  # written by the step before
     assert history(trainer, "lanpo/ahead_attempts") == [4.0, 4.0, 4.0]
     assert all(t > 0 for t in history(trainer, "time/generate"))  # the step's timers and counters are its own
     later = [(step, problem_id, context) for step, problem_id, context in reflected if step > 0]
@@ -545,7 +588,7 @@ def test_ahead_attempts_nothing_when_the_generation_is_not_the_steps_first_batch
 
     def shuffled(epoch_iterator, num_batches, device):
         batches, count = handed(epoch_iterator, num_batches, device)
-        trainer._handed = [list(reversed(batches[0]))]  # as if TRL had generated from a reordered batch
+        trainer.parts.batches.handed = [list(reversed(batches[0]))]  # as if TRL had generated from a reordered batch
         return batches, count
 
     trainer.get_batch_samples = shuffled
@@ -573,7 +616,9 @@ def test_pulling_batches_a_step_ahead_loses_and_reorders_nothing(ahead_trainer, 
             handed += got
             if source == "ahead":  # held: the next batches, at least as many as this step took where there are
                 rest = [{"batch": k} for k in range(total)][len(handed) :]
-                assert trainer._peeked == rest[: len(trainer._peeked)] and len(trainer._peeked) >= min(n, len(rest))
+                assert trainer.parts.batches.peeked == rest[: len(trainer.parts.batches.peeked)] and len(
+                    trainer.parts.batches.peeked
+                ) >= min(n, len(rest))
         assert handed == [{"batch": k} for k in range(min(total, sum(asks)))]
 
 
@@ -602,9 +647,16 @@ def _expected_advantages(rewards: torch.Tensor, flags: list[bool], grouping: str
 
 @pytest.mark.parametrize("grouping", ["separate", "scratch-baseline"])
 def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir, tmp_path, grouping):
-    trainer = make_trainer(tiny_model_dir, tmp_path, advantage_grouping=grouping, feedback_ratio=0.5, max_steps=2)
+    trainer = make_trainer(  # phased: both steps hold feedback rows (one: the first step's fall back)
+        tiny_model_dir,
+        tmp_path,
+        advantage_grouping=grouping,
+        feedback_ratio=0.5,
+        max_steps=2,
+        generation_rounds="phased",
+    )
     stub_summaries(trainer)
-    seen, after = [], trainer._after_rollouts
+    seen, after = [], trainer.after_rollouts
 
     def capture(output, generation):
         shared = output["advantages"].clone()
@@ -618,7 +670,7 @@ def test_advantage_grouping_reaches_the_loss_as_its_formula_says(tiny_model_dir,
             )
         )
 
-    trainer._after_rollouts = capture
+    trainer.after_rollouts = capture
     trainer.train()
     assert len(seen) == 2
     for _, advantages, rewards, flags in seen:
@@ -700,7 +752,13 @@ def test_auto_reflection_uses_stored_attempts_and_runs_a_second_phase_only_for_g
     from lanpo.pool.store import Attempt
 
     trainer = make_trainer(
-        tiny_model_dir, tmp_path, feedback_ratio=0.5, reflection_share=1.0, summaries_per_group=0, max_steps=1
+        tiny_model_dir,
+        tmp_path,
+        feedback_ratio=0.5,
+        reflection_share=1.0,
+        summaries_per_group=0,
+        max_steps=1,
+        generation_rounds="phased",
     )  # reflection_source: auto (the default)
     assert trainer.args.reflection_source == "auto"
     stored = builtin_arith("1", n=8)[::2]  # half of the problems have an attempt from an earlier step
@@ -723,7 +781,7 @@ def test_summaries_ride_in_rollout_batches_and_go_on_across_steps_up_to_their_ow
     continuing from its tokens, and ends at 24 (a random tiny model almost never writes end-of-sequence)."""
     trainer = make_trainer(tiny_model_dir, tmp_path, max_completion_length=8, summary_max_length=24, max_steps=4)
     original, calls, ended = trainer._generate_ids, [], []
-    add = trainer._add_summaries
+    add = trainer.writer.add
 
     def generate(prompt_ids):
         calls.append(["Distill what this attempt teaches" in trainer.processing_class.decode(i) for i in prompt_ids])
@@ -733,7 +791,7 @@ def test_summaries_ride_in_rollout_batches_and_go_on_across_steps_up_to_their_ow
         ended.extend((trainer.state.global_step, len(t.summary_ids)) for t in trials)
         return add(trials, texts)
 
-    trainer._generate_ids, trainer._add_summaries = generate, add_summaries
+    trainer._generate_ids, trainer.writer.add = generate, add_summaries
     trainer.train()
     assert any(any(c) and not all(c) for c in calls), "summary prompts ride in rollout batches"
     assert not any(all(c) for c in calls[:-1]), "no summary batch of its own before the end of training"
@@ -753,6 +811,7 @@ def test_summaries_apart_have_their_own_length_limit_and_no_forced_floor(tiny_mo
         summary_max_length=12,
         max_steps=2,
         generation_kwargs={"min_new_tokens": 8},
+        generation_rounds="phased",  # (one: the summaries ride with the rows)
     )
     original, calls = trainer._generate_ids, []
 
@@ -859,7 +918,7 @@ def _scripted_scores(trainer, solved_every: int = 2):
         calls.append([r.kind for r in rows])
         return [(i // 4) % solved_every == 0 and i % 4 == 0 for i in range(len(rows))]
 
-    trainer._model_io.score = score
+    trainer.policy.rollout.score = score
     return calls
 
 
@@ -874,15 +933,16 @@ def test_unsolved_trigger_gives_feedback_only_to_groups_whose_scratch_rows_all_f
         max_steps=2,
         problems=8,
         per_device_train_batch_size=16,
+        generation_rounds="phased",  # GRPO's rollout first, then the failed groups' rows again
     )
     stub_summaries(trainer)
-    calls, seen, after = _scripted_scores(trainer), [], trainer._after_rollouts
+    calls, seen, after = _scripted_scores(trainer), [], trainer.after_rollouts
 
     def capture(output, generation):
         seen.append([(r.kind, r.has_feedback, r.triggered, r.text, r.context) for r in generation.rows])
         after(output, generation)
 
-    trainer._after_rollouts = capture
+    trainer.after_rollouts = capture
     trainer.train()
     assert calls and all(kinds == ["scratch"] * len(kinds) for kinds in calls)  # phase A is GRPO's rollout
     for rows in seen:
@@ -980,7 +1040,12 @@ def test_unsolved_trigger_at_p_t_zero_is_exactly_the_plain_rollout(tiny_model_di
     assert history(a, "loss") == history(b, "loss") and history(a, "reward") == history(b, "reward")
 
 
-def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_by_kind(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("rounds", ["phased", "one"])
+def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_by_kind(
+    tiny_model_dir, tmp_path, rounds
+):
+    """Feedback rows up to 11 tokens, the rest up to 4: phased, in a call of their own; one, in the step's one call
+    (generated to 11, each row cut at its own limit)."""
     trainer = make_trainer(
         tiny_model_dir,
         tmp_path,
@@ -989,6 +1054,7 @@ def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_
         feedback_max_completion_length=11,
         max_steps=2,
         reflection_share=1.0,
+        generation_rounds=rounds,
     )
     stub_summaries(trainer)
     limits, original = [], trainer._generate_ids
@@ -998,15 +1064,17 @@ def test_feedback_rows_get_their_own_completion_budget_and_truncation_is_logged_
         return original(prompt_ids)
 
     trainer._generate_ids = generate
-    widths, after = [], trainer._after_rollouts
+    widths, after = [], trainer.after_rollouts
 
     def capture(output, generation):
         widths.append([(r.has_feedback, len(r.completion_ids)) for r in generation.rows])
         after(output, generation)
 
-    trainer._after_rollouts = capture
+    trainer.after_rollouts = capture
     trainer.train()
-    assert 11 in limits and 4 in limits
+    assert 11 in limits and 4 in limits  # one: a step whose rows all go plain is generated to 4
+    if rounds == "one":
+        assert history(trainer, "lanpo/generation_rounds") == [1.0, 1.0]
     rows = [row for step in widths for row in step]
     assert any(fb and n > 4 for fb, n in rows) and all(n <= 4 for fb, n in rows if not fb)
     assert history(trainer, "completions/truncated/feedback") and history(trainer, "completions/truncated/scratch")

@@ -123,7 +123,7 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
         off_policy_mask_threshold=1e-3,
     )
     stub_summaries(trainer)
-    checked, masks, after = [], [], trainer._after_rollouts
+    checked, masks, after = [], [], trainer.after_rollouts
 
     def check(output, generation):
         after(output, generation)
@@ -145,10 +145,10 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
 
     def recorded_mask(**kwargs):
         mask = off_policy_mask(**kwargs)
-        masks.append((mask.clone(), trainer._capture.feedback.clone()))
+        masks.append((mask.clone(), trainer.tap.capture.feedback.clone()))
         return mask
 
-    trainer._after_rollouts, trainer.get_off_policy_mask = check, recorded_mask
+    trainer.after_rollouts, trainer.get_off_policy_mask = check, recorded_mask
     trainer.train()
     assert [step for step, _, _ in checked] == [0, 1, 2]
     # vLLM on CPU samples in bf16, the trainer runs fp32: hundredths of a nat (a stale sampler was off by 2-7 nats)
@@ -301,12 +301,12 @@ def test_old_log_probabilities_from_the_loss_give_trl_s_ratio_loss_and_gradients
         deferred = {k: v for k, v in inputs.items() if k not in ("old_per_token_logps", "importance_sampling_ratio")}
         want, want_grads = loss_and_grads(dict(inputs))
         seen = {}
-        correct = trainer._correct_in_loss
-        trainer._correct_in_loss = lambda batch, old: (correct(batch, old), seen.update(batch))
+        correct = trainer.tap.correct_in_loss
+        trainer.tap.correct_in_loss = lambda batch, old: (correct(batch, old), seen.update(batch))
         trainer.args.old_logps_from_loss = True  # the loss now takes pi_old from its own forward
         got, got_grads = loss_and_grads(deferred)
         trainer.args.old_logps_from_loss = False
-        trainer._correct_in_loss = correct
+        trainer.tap.correct_in_loss = correct
         ratio, trl_ratio = seen["importance_sampling_ratio"], inputs["importance_sampling_ratio"]
         assert torch.allclose(ratio, trl_ratio, rtol=1e-5, atol=1e-6)
         assert torch.allclose(seen["old_per_token_logps"], inputs["old_per_token_logps"], rtol=1e-5, atol=1e-6)

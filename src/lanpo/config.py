@@ -40,6 +40,7 @@ MAX_CODE_WORKERS = 64  # sandboxes at once (the sandbox's uid range: lanpo.verif
 # Every choice list of LANPO's fields, owned here: `--help` shows them, and __post_init__ checks them.
 Schedule = Literal["constant", "linear"]
 ReflectionSource = Literal["auto", "step", "pool", "ahead"]
+GenerationRounds = Literal["one", "phased"]
 Trigger = Literal["always", "unsolved"]
 FeedbackSourceName = Literal["self", "reference", "gold", "self-hint", "execution", "sibling"]
 FeedbackRoute = Literal["generate", "score", "both"]
@@ -57,6 +58,7 @@ PoolEviction = Literal["oldest", "worth"]
 LogprobHead = Literal["trl", "compact"]
 EVAL_MODES = ("zero-shot", "retrieval")  # evaluation during training (a comma-separated field)
 SCHEDULES, REFLECTION_SOURCES, SCORERS = get_args(Schedule), get_args(ReflectionSource), get_args(Scorer)
+GENERATION_ROUNDS = get_args(GenerationRounds)
 TRIGGERS, FEEDBACK_SOURCES, HINT_SCHEDULES = get_args(Trigger), get_args(FeedbackSourceName), get_args(HintSchedule)
 LOGPROB_HEADS = get_args(LogprobHead)
 ROUTES, SCORE_FORMS, SCORE_TEACHERS, SCORE_ROWS, SCORE_CONTEXTS = (
@@ -105,9 +107,9 @@ class LanpoConfig(GRPOConfig):
     feedback_trigger: Trigger = field(
         default="always",
         metadata={
-            "help": "always: every group gets round(p_t*G) feedback rows; unsolved: rows are first generated from "
-            "scratch (GRPO's rollout) and only groups with a pass rate at most feedback_trigger_pass_rate get "
-            "round(p_t*G) failed rows regenerated with feedback (a reflection then shows a failed attempt)."
+            "help": "always: every group gets round(p_t*G) feedback rows; unsolved: only groups passing at most "
+            "feedback_trigger_pass_rate (one: of the problem's stored attempts; phased: of the step's scratch rows, "
+            "failed rows then regenerated with feedback)."
         },
     )
     feedback_source: FeedbackSourceName = field(
@@ -211,20 +213,31 @@ class LanpoConfig(GRPOConfig):
     )
     feedback_trigger_pass_rate: float = field(
         default=0.0,
-        metadata={"help": "unsolved: a group is triggered when at most this share of its scratch rows is right."},
+        metadata={"help": "unsolved: a group is triggered when at most this share of what it reads is right."},
     )
     feedback_max_completion_length: int | None = field(
         default=None,
         metadata={
-            "help": "Most new tokens of a feedback row (its analysis comes before the solution; a call of its own); "
-            "default max_completion_length."
+            "help": "Most new tokens of a feedback row (its analysis comes before the solution); default "
+            "max_completion_length."
         },
     )
     reflection_source: ReflectionSource = field(
         default="auto",
         metadata={
-            "help": "auto: stored attempts where a problem has some, else this step's; step: this step's (a second "
-            "generation phase); pool: stored only; ahead: auto, next problems attempted early."
+            "help": "Which own attempts reflection, gold and execution rows show. auto and ahead: the newest stored "
+            "(the next step's problems attempted a step early); pool: stored only. Under generation_rounds phased, "
+            "auto and step also reflect on this step's (a second call)."
+        },
+    )
+    generation_rounds: GenerationRounds = field(
+        default="one",
+        metadata={
+            "help": "one: a step's rows, feedback contexts built from what is known before it (attempts stored a "
+            "step or more earlier, the pool, their execution reports and verifier scores: unsolved triggers on "
+            "those), riding summaries and the next step's plain attempts in one generation call; a row with nothing "
+            "to show goes plain. phased: the older arrangement (a second call for contexts on this step's attempts; "
+            "unsolved regenerates failed rows; p_t 0 summaries apart). hint_escalation and self-hint add calls."
         },
     )
 
@@ -423,6 +436,12 @@ class LanpoConfig(GRPOConfig):
                 f"summaries_per_group ({self.summaries_per_group}) cannot exceed num_generations "
                 f"({self.num_generations})."
             )
+        if self.generation_rounds == "one" and self.reflection_source == "step" and self.feedback_ratio > 0:
+            raise ValueError(
+                "reflection_source step reflects on this step's own scratch rollouts, which needs a second generation "
+                "call after them: set generation_rounds phased, or reflection_source auto (the newest stored attempt, "
+                "written a step earlier)."
+            )
         plan = plan_group(self.num_generations, self.feedback_ratio, self.reflection_share)
         reflections = plan.rows_of("reflection")
         if plan.scratch == 0 and reflections and self.reflection_source != "pool":
@@ -430,6 +449,8 @@ class LanpoConfig(GRPOConfig):
                 "step": "in every step: reflection_source step reflects only on this step's scratch rollouts",
                 "ahead": "in the first step (later problems get attempts a step ahead)",
             }.get(self.reflection_source, "until every problem has attempts in the pool (after the first epoch)")
+            if self.generation_rounds == "one":
+                until = "in the first step (later problems get attempts a step ahead)"
             logger.warning(
                 "feedback_ratio %s leaves no scratch rollouts in a group of %d: a problem with no stored attempts "
                 "has nothing of its own to reflect on, so its %d reflection rows fall back to the plain prompt, and "
@@ -442,7 +463,11 @@ class LanpoConfig(GRPOConfig):
             )
 
         self._warn_options_that_do_nothing()
-        if self.reflection_source == "ahead" and self.feedback_trigger != "always":
+        if (
+            self.reflection_source == "ahead"
+            and self.feedback_trigger != "always"
+            and self.generation_rounds == "phased"
+        ):
             logger.warning(
                 "reflection_source ahead attempts the next step's problems for feedback_trigger always only: with %s "
                 "a reflection shows its group's failed attempts of the step, and nothing is attempted ahead.",
@@ -454,10 +479,14 @@ class LanpoConfig(GRPOConfig):
         idle = []
         if self.reflection_source == "ahead" and self.feedback_ratio == 0:
             idle.append("reflection_source ahead does nothing with feedback_ratio 0 (no feedback rows)")
-        if self.reflection_source == "ahead" and self.feedback_source != "self":
+        kind = self.feedback_kind
+        reads_attempts = self.feedback_source == "self" or (
+            self.generation_rounds == "one" and kind is not None and kind.reads_attempts
+        )
+        if self.reflection_source == "ahead" and not reads_attempts:
             idle.append(
                 f"reflection_source ahead does nothing with feedback_source {self.feedback_source} (its rows show "
-                "privileged context, not a reflection)"
+                "no attempt of the problem's own)"
             )
         if self.feedback_trigger == "always" and self.feedback_trigger_pass_rate != 0.0:
             idle.append("feedback_trigger_pass_rate does nothing under feedback_trigger always")
@@ -503,6 +532,7 @@ class LanpoConfig(GRPOConfig):
                 f"feedback_max_completion_length must be >= 1 (or unset), got {self.feedback_max_completion_length}."
             )
         choice("reflection_source", REFLECTION_SOURCES)
+        choice("generation_rounds", GENERATION_ROUNDS)
         choice("relevance_scorer", SCORERS)
         choice("retrieval_rank", get_args(RetrievalRank))
         choice("pool_eviction", get_args(PoolEviction))
@@ -611,6 +641,38 @@ class LanpoConfig(GRPOConfig):
             return tuple(k for k, kind in KINDS.items() if kind.joins_self)
         return (self.feedback_source,)
 
+    def old_logps_apply(self, use_vllm: bool) -> bool:
+        """``old_logps_from_loss`` applies: vLLM's correction is on and no optimizer step falls between a generation
+        and its loss, so π_old is the loss forward's own (detached) value."""
+        every = self.steps_per_generation * self.num_iterations
+        on = self.old_logps_from_loss and use_vllm and self.vllm_importance_sampling_correction
+        return on and self.gradient_accumulation_steps % every == 0
+
+    def warn_if_old_logps_idle(self, use_vllm: bool) -> None:
+        """Say why ``old_logps_from_loss`` has no effect, where it is asked for and does not apply."""
+        if not self.old_logps_from_loss or self.old_logps_apply(use_vllm):
+            return
+        logger.warning(
+            "old_logps_from_loss has no effect here: %s",
+            "TRL runs no old-policy pass without vLLM's importance correction"
+            if not (use_vllm and self.vllm_importance_sampling_correction)
+            else "an optimizer step falls between a generation and its loss (gradient_accumulation_steps is not a "
+            "multiple of steps_per_generation x num_iterations), so pi_old needs its own pass",
+        )
+
+    @property
+    def runs_public_examples(self) -> bool:
+        """Whether feedback runs attempts on their problems' public examples (``feedback_source execution``)."""
+        return self.feedback_source == "execution"
+
+    @property
+    def attempts_ahead(self) -> bool:
+        """Whether a step may attempt the next step's problems in its own call (the trainer then pulls the next
+        step's batches a step early): under ``generation_rounds one`` with a reflection_source that reads more than
+        stored attempts, or ``reflection_source ahead``; never without feedback rows."""
+        reads_ahead = self.attempts.ahead or (self.generation_rounds == "one" and self.attempts.this_step)
+        return self.feedback_ratio > 0 and reads_ahead
+
     @property
     def attempts(self) -> Attempts:
         """``reflection_source`` decoded: which of its own attempts a reflection row may show."""
@@ -713,6 +775,7 @@ class LanpoConfig(GRPOConfig):
             hint_escalation=self.hint_escalation,
             hint_scale=self.hint_scale_at(step),
             scoring=self.scoring,
+            one_round=self.generation_rounds == "one",
         )
 
     def hint_scale_at(self, step: int) -> float:

@@ -26,6 +26,7 @@ class FeedbackKind:
     privileged: bool  # its context shows what the policy's own trials do not (a solution, the gold answer)
     joins_self: bool = False  # one of ``feedback_source self``'s kinds; else a ``feedback_source`` of its own
     reads_solutions: bool = False  # its contexts show parts of worked solutions (a run checks it has some)
+    reads_attempts: bool = False  # its contexts show one of the problem's own attempts (reflection_source finds it)
 
 
 # Every feedback row kind, by name: the built-in ones here, a new one added with its source by
@@ -33,12 +34,12 @@ class FeedbackKind:
 KINDS: dict[str, FeedbackKind] = {
     kind.name: kind
     for kind in (
-        FeedbackKind("reflection", privileged=False, joins_self=True),  # LANPO's label-free sources
+        FeedbackKind("reflection", privileged=False, joins_self=True, reads_attempts=True),  # LANPO's label-free
         FeedbackKind("abstraction", privileged=False, joins_self=True),
         FeedbackKind("reference", privileged=True, reads_solutions=True),
-        FeedbackKind("gold", privileged=True),
+        FeedbackKind("gold", privileged=True, reads_attempts=True),
         FeedbackKind("self-hint", privileged=True, reads_solutions=True),
-        FeedbackKind("execution", privileged=False),  # code: an attempt run on its problem's public examples
+        FeedbackKind("execution", privileged=False, reads_attempts=True),  # code: an attempt run on its examples
     )
 }
 SELF_KINDS = tuple(k for k, kind in KINDS.items() if kind.joins_self)  # the built-in ones (reflection_share splits)
@@ -88,6 +89,11 @@ class GroupPlan(NamedTuple):
     def rows_of(self, kind: str) -> int:
         """How many rows of a group ``kind`` gets."""
         return sum(n for k, n in self.kinds if k == kind)
+
+    @property
+    def attempt_rows(self) -> int:
+        """How many rows of a group show one of the problem's own attempts (:attr:`FeedbackKind.reads_attempts`)."""
+        return sum(n for k, n in self.kinds if k in KINDS and KINDS[k].reads_attempts)
 
     def kind_of(self, j: int) -> str:
         """The kind of a group's ``j``-th row: scratch rows first, then each kind's rows in order."""
@@ -231,6 +237,7 @@ class StepPlan:
     hint_escalation: int = 0  # privileged sources: rounds that re-generate still-failed hinted rows a level up
     hint_scale: float = 1.0  # privileged sources: the share of a hint kept at this step (hint_anneal_steps)
     scoring: Scoring | None = None  # feedback_route score or both: how the context scores plain rows (None: never)
+    one_round: bool = False  # generation_rounds one: every row, summary and next-step attempt in one call
 
     @property
     def has_feedback(self) -> bool:

@@ -57,6 +57,7 @@ class Row:
     triggered: bool | None = None  # feedback_trigger unsolved: whether its group failed from scratch (None: always)
     truncated: bool = False  # its completion reached its length limit without ending
     level: int | None = None  # privileged sources: the hint level its context carries
+    shown_step: int | None = None  # the step whose model wrote the attempt its context shows (None: it shows none)
 
     @property
     def has_feedback(self) -> bool:
@@ -77,6 +78,9 @@ class RolloutModel:
     stop_ids: frozenset[int] = frozenset()  # end-of-sequence tokens
     feedback_ids: Callable[[list[list[int]]], tuple[list[list[int]], list | None]] | None = None  # feedback rows'
     # own length limit (None: generated with the rest, at generate_ids' limit)
+    feedback_max_new_tokens: int | None = None  # that limit, where feedback_ids is set
+    limited_ids: Callable[[list[list[int]], list[int]], tuple[list[list[int]], list | None]] | None = None  # one
+    # call, each row to its own limit (generation_rounds one, where feedback rows have a limit of their own)
     score: Callable[[list[Row]], list[bool]] | None = None  # feedback_trigger unsolved: which rows are right
     collective: bool = False  # every process must join every generation call (several processes: a call pads to
     # the widest process), so a process with nothing to generate still calls
@@ -117,6 +121,8 @@ class StepContext:
     timer: Counter = field(default_factory=Counter)  # seconds by part of the step
     counts: Counter = field(default_factory=Counter)  # this step's counters (lanpo/lessons_dropped, ...)
     ahead: list[Ahead] = field(default_factory=list)  # attempts at the next step's problems riding in phase A
+    earlier: Callable[[str], Sequence[str]] | None = None  # a problem's stored attempts, newest first
+    # (generation_rounds one, feedback_trigger unsolved: the trigger reads their verifier scores)
 
 
 Waiting = set[tuple[int, str]]  # (a group's first row, a row kind) whose contexts wait for this step's attempts
@@ -147,7 +153,9 @@ def ask_sources(
                 continue
             given = attempts.get(s) if attempts is not None else None
             own = None if given is None else tuple(given)
-            request = FeedbackRequest(rows[s].problem_id, rows[s].problem, len(wanted), own, scale=scale)
+            request = FeedbackRequest(
+                rows[s].problem_id, rows[s].problem, len(wanted), own, scale=scale, step=context.plan.step
+            )
             if ready_only and not source.ready(request):
                 waiting.add((s, kind))
             else:
@@ -163,6 +171,7 @@ def _apply(asked: list[tuple[list[Row], FeedbackRequest]], built: list[list[Feed
             row.context, row.fallback = feedback.messages, feedback.reason
             row.retrieved = list(feedback.retrieved)
             row.level = feedback.level
+            row.shown_step = feedback.shown_step
 
 
 def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
@@ -173,15 +182,27 @@ def _tokenize_contexts(model: RolloutModel, rows: list[Row]) -> None:
 
 
 def _generate(
-    model: RolloutModel, rows: list[Row], extra: list[list[int]], index: list[int], feedback: bool = False
+    model: RolloutModel,
+    rows: list[Row],
+    extra: list[list[int]],
+    index: list[int],
+    feedback: bool = False,
+    own_limits: bool = False,
 ) -> list[list[int]]:
     """Generate the rows at ``index`` (their context, else plain prompt) plus ``extra`` prompts in one batch
-    (``feedback``: with the feedback rows' own length limit, where one is set). Nothing to generate makes no call,
-    unless the model's calls are collective: then this process joins the others' call with no rows of its own."""
+    (``feedback``: with the feedback rows' own length limit, where one is set; ``own_limits``: each feedback row to
+    that limit and the rest to the rollouts', still in one call). Nothing to generate makes no call, unless the
+    model's calls are collective: then this process joins the others' call with no rows of its own."""
     if not index and not extra and not model.collective:
         return []
-    generate = model.feedback_ids if feedback and model.feedback_ids is not None else model.generate_ids
-    completions, sampled = generate([rows[i].context_ids or rows[i].plain_ids for i in index] + extra)
+    prompts = [rows[i].context_ids or rows[i].plain_ids for i in index] + extra
+    if own_limits and model.limited_ids is not None and model.feedback_max_new_tokens is not None:
+        limits = [model.feedback_max_new_tokens if rows[i].has_feedback else model.max_new_tokens for i in index]
+        limits += [model.max_new_tokens] * len(extra)
+        completions, sampled = model.limited_ids(prompts, limits)
+    else:
+        generate = model.feedback_ids if feedback and model.feedback_ids is not None else model.generate_ids
+        completions, sampled = generate(prompts)
     for k, i in enumerate(index):
         rows[i].completion_ids = completions[k]
         rows[i].text = model.decode(completions[k])
@@ -205,12 +226,14 @@ def _generate_with_summaries(
     indices: list[int],
     timer: Counter,
     ahead: Sequence[Ahead] = (),
+    own_limits: bool = False,
 ) -> list[list[int]]:
     """``rows[indices]`` generated with the pending summaries (and ``ahead``'s attempts, whose texts it sets) riding
-    in the same batch; the batch's seconds go to ``generate`` and ``summarize`` by their shares of its tokens (an
-    estimate: they decode side by side)."""
+    in the same batch (``own_limits``: feedback rows to their own limit, :func:`_generate`); the batch's seconds go
+    to ``generate`` and ``summarize`` by their shares of its tokens (an estimate: they decode side by side)."""
     start = time.perf_counter()
-    extra = _generate(model, rows, [summary_input(model, t) for t in pending] + [a.prompt_ids for a in ahead], indices)
+    extra = [summary_input(model, t) for t in pending] + [a.prompt_ids for a in ahead]
+    extra = _generate(model, rows, extra, indices, own_limits=own_limits)
     summaries, attempts = extra[: len(pending)], extra[len(pending) :]
     for attempt, ids in zip(ahead, attempts):
         attempt.text = model.decode(ids)
@@ -255,6 +278,58 @@ def lanpo_rollout(
         _generate(model, rows, [], phase_b, feedback=True)
     escalate_hints(rows, g, model, context)
     return _output(rows, context.plan.objective.keeps_context), finished, carried
+
+
+def one_round_rollout(
+    rows: list[Row], plain_ids: list[list[int]], g: int, model: RolloutModel, context: StepContext
+) -> tuple[dict[str, Any], list[tuple[Trial, str]], list[Trial]]:
+    """``generation_rounds one``: every row of the step in one generation call, with the pending summaries and the
+    attempts at the next step's problems (``context.ahead``) riding in it.
+
+    Feedback contexts are built from what is known before the call: the newest stored attempt at the problem
+    (written a step earlier where the trainer attempted it ahead, else at an earlier visit), the pool as it stands,
+    what a stored attempt did on the problem's public examples (execution). A row whose source has nothing to show
+    (a problem's first visit without an attempt ahead) goes plain with its fallback reason, never waits. Under
+    ``feedback_trigger unsolved`` a group is triggered by the verifier's scores of the problem's stored attempts
+    (:func:`trigger_on_earlier`), not by this step's. ``hint_escalation`` adds its own calls after this one."""
+    timer = context.timer
+    with _timed(timer, "retrieve"):
+        for row, ids in zip(rows, plain_ids):
+            row.plain_ids = ids
+        if context.plan.trigger == "unsolved" and context.plan.has_feedback:
+            trigger_on_earlier(rows, g, model, context)
+        ask_sources(rows, g, context)
+        _tokenize_contexts(model, rows)
+    index = list(range(len(rows)))
+    summaries = _generate_with_summaries(model, rows, context.pending, index, timer, context.ahead, own_limits=True)
+    finished, carried = continue_summaries(model, context.pending, summaries)
+    escalate_hints(rows, g, model, context)
+    return _output(rows, context.plan.objective.keeps_context), finished, carried
+
+
+def trigger_on_earlier(rows: list[Row], g: int, model: RolloutModel, context: StepContext) -> None:
+    """``feedback_trigger unsolved`` in one call: a group is triggered where the verifier credits at most
+    ``trigger_pass_rate`` of its problem's stored attempts (``context.earlier``: up to ``pool_attempts_cap``, written
+    a step earlier where the trainer attempted the problem ahead, else at an earlier visit), and keeps its planned
+    feedback rows; any other group is all scratch. Coarser than the phased trigger, which read the step's own G
+    scratch rows: a handful of attempts, by an older policy. A group whose problem has no stored attempt cannot be
+    judged: all scratch, counted as ``lanpo/trigger_no_attempt``. The scores decide the trigger only: the contexts
+    are built from the attempts alone, whatever their scores (a source never sees one)."""
+    for s in range(0, len(rows), g):
+        group = rows[s : s + g]
+        texts = [t for t in (context.earlier(group[0].problem_id) if context.earlier else ()) if t.strip()]
+        probes = [
+            Row(group[0].problem_id, group[0].problem, group[0].gold, gold_kind=group[0].gold_kind, text=t)
+            for t in texts
+        ]
+        right = model.score(probes) if probes and model.score is not None else []
+        triggered = bool(texts) and sum(right) <= context.plan.trigger_pass_rate * len(texts)
+        if not texts:
+            context.counts["trigger_no_attempt"] += 1
+        for row in group:
+            row.triggered = triggered
+            if not triggered:
+                row.kind = "scratch"
 
 
 def escalate_hints(rows: list[Row], g: int, model: RolloutModel, context: StepContext) -> None:
@@ -367,8 +442,13 @@ def unsolved_rollout(
     return _output(rows, context.plan.objective.keeps_context), finished, carried
 
 
-# The rollout of each feedback_trigger.
+# The rollout of each feedback_trigger under generation_rounds phased (one: one_round_rollout for both).
 ROLLOUTS = {"always": lanpo_rollout, "unsolved": unsolved_rollout}
+
+
+def rollout_of(plan: StepPlan) -> Callable:
+    """The rollout a step's plan asks for."""
+    return one_round_rollout if plan.one_round else ROLLOUTS[plan.trigger]
 
 
 def choose_trials(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +25,8 @@ from lanpo import score
 from lanpo.engine.generation import chat_ids, left_pad
 from lanpo.feedback.privileged import Reference
 from lanpo.plan import Scoring
+from lanpo.policy import Policy
+from lanpo.run.meter import StepMeter
 from lanpo.verify.answers import find_answer
 
 if TYPE_CHECKING:
@@ -35,42 +38,45 @@ EMA_TEACHER = "ema_teacher.pt"  # score_teacher ema: a checkpoint's teacher weig
 
 
 class Teacher:
-    """The scoring route's teacher for one run: ``weights`` is its own copy where it has one (an EMA teacher, or
-    the start model where no frozen reference holds it), else None."""
+    """The scoring route's teacher for one run, reading the policy through its adapter (:class:`Policy`): ``weights``
+    is its own copy where it has one (an EMA teacher, or the start model where no frozen reference holds it), else
+    None. ``run_code`` is the reward's sandbox (execution reports); ``meter`` counts their outcomes."""
 
-    def __init__(self, trainer, scoring: Scoring) -> None:  # trainer: the LanpoTrainer it scores for
-        self.trainer, self.scoring = trainer, scoring
+    def __init__(
+        self, policy: Policy, scoring: Scoring, args, meter: StepMeter, run_code: Callable[[list], list] | None = None
+    ) -> None:
+        self.policy, self.scoring, self.args, self.meter, self.run_code = policy, scoring, args, meter, run_code
         self.weights = self._own_weights()
 
     def _own_weights(self):
-        trainer, scoring = self.trainer, self.scoring
+        policy, scoring = self.policy, self.scoring
         if not scoring.own_teacher:
             return None
-        frozen_reference = trainer.ref_model is not None and not trainer.args.sync_ref_model
-        if not scoring.ema and (frozen_reference or is_peft_model(trainer.model)):
+        frozen_reference = policy.ref_model is not None and not self.args.sync_ref_model
+        if not scoring.ema and (frozen_reference or is_peft_model(policy.model)):
             return None
-        if is_peft_model(trainer.model):
+        if is_peft_model(policy.model):
             raise ValueError("score_teacher ema needs full fine-tuning (a PEFT policy's EMA is not supported yet).")
-        weights = copy.deepcopy(trainer.accelerator.unwrap_model(trainer.model)).eval()
+        weights = copy.deepcopy(policy.accelerator.unwrap_model(policy.model)).eval()
         weights.requires_grad_(False)
         if scoring.ema:
-            trainer.add_callback(EMATeacher(weights, scoring_rate=trainer.args.score_ema_rate))
+            policy.add_callback(EMATeacher(weights, scoring_rate=self.args.score_ema_rate))
         return weights
 
     @contextmanager
     def model(self):
         """The model that scores under the context: the live policy, the start model (the frozen reference, the
         policy with its adapter off, or a copy) or the EMA copy."""
-        trainer = self.trainer
+        policy = self.policy
         if not self.scoring.own_teacher:
-            yield trainer.model
+            yield policy.model
         elif self.weights is not None:
             yield self.weights
-        elif trainer.ref_model is not None:
-            yield trainer.ref_model
+        elif policy.ref_model is not None:
+            yield policy.ref_model
         else:  # PEFT: the start model is the policy with its adapter off, as TRL's reference pass does
-            with trainer.accelerator.unwrap_model(trainer.model).disable_adapter():
-                yield trainer.model
+            with policy.accelerator.unwrap_model(policy.model).disable_adapter():
+                yield policy.model
 
     def score_rows(self, output: dict, rows: list[Row], correct: list[bool], references: dict[str, Reference]) -> int:
         """``lanpo_teacher_logps`` (and the wrong contexts' under the contrastive form, and the answer tokens) for
@@ -78,7 +84,7 @@ class Teacher:
         prompt, the completion's token ids carried over as sampled (never decoded and re-encoded), so the first
         completion token follows the same assistant-turn header as in the plain prompt. Prompts are not
         truncated. Returns how many failed plain rows had no context to be scored under."""
-        trainer, scoring, g = self.trainer, self.scoring, self.trainer.num_generations
+        policy, scoring, g = self.policy, self.scoring, self.args.num_generations
         reports = self.reports(rows, correct) if scoring.source == "execution" else [None] * len(rows)
         seen = [
             score.ScoredRow(
@@ -101,9 +107,7 @@ class Teacher:
         wrong = torch.full((len(rows), k, width), float("nan"), device=device) if k else None
         prompts = [(i, -1, contexts[i].right) for i in picked]
         prompts += [(i, j, m) for i in picked for j, m in enumerate(contexts[i].wrong)]
-        logps = self.logps(
-            [chat_ids(trainer.processing_class, m) for _, _, m in prompts], [i for i, _, _ in prompts], output
-        )
+        logps = self.logps([chat_ids(policy.tokenizer, m) for _, _, m in prompts], [i for i, _, _ in prompts], output)
         for (i, j, _), values in zip(prompts, logps):
             if j < 0:
                 teacher[i] = values
@@ -113,10 +117,10 @@ class Teacher:
         if wrong is not None:
             output[score.WRONG_LOGPS] = wrong
         answer = torch.zeros(completion_ids.shape, dtype=torch.bool, device=device)
-        decode = trainer._model_io.decode
+        decode = policy.decode
         for i in picked:
             ids = completion_ids[i][completion_mask[i].bool()].tolist()
-            found, _ = find_answer(rows[i].text, trainer.args.answer_extraction, rows[i].problem)
+            found, _ = find_answer(rows[i].text, self.args.answer_extraction, rows[i].problem)
             mask = score.answer_token_mask(ids, decode, score.answer_span(rows[i].text, found))
             answer[i, : len(mask)] = torch.tensor(mask, dtype=torch.bool)
         output[score.ANSWER_MASK] = answer
@@ -127,45 +131,42 @@ class Teacher:
         sandbox in one batch (None: a row not scored, a generated row, or a problem that shows no example)."""
         from lanpo.feedback.execution import try_attempts
 
-        trainer = self.trainer
         wanted = [
             i
             for i, (r, ok) in enumerate(zip(rows, correct))
             if not r.has_feedback and not (self.scoring.failed_only and ok)
         ]
         tried = try_attempts(
-            [(rows[i].problem, rows[i].text) for i in wanted],
-            lambda jobs: trainer.verifier.code.sandbox.run_many(jobs),
-            trainer.args.answer_extraction,
+            [(rows[i].problem, rows[i].text) for i in wanted], self.run_code, self.args.answer_extraction
         )
         out: list[str | None] = [None] * len(rows)
         for i, t in zip(wanted, tried):
             out[i] = None if isinstance(t, str) else t.report
-        trainer._step_counts.update(f"public_{t.outcome}" for t in tried if not isinstance(t, str))
+        self.meter.counts.update(f"public_{t.outcome}" for t in tried if not isinstance(t, str))
         return out
 
     def logps(self, prompts: list[list[int]], rows: list[int], output: dict) -> list:
         """Per (prompt, row): the teacher's per-token log-probabilities of that row's completion after ``prompts``
         (completion width; padding positions arbitrary). Every process runs as many forwards (collective under
         ZeRO-3 / FSDP: a process with fewer rows pads with copies of its first)."""
-        trainer = self.trainer
+        policy = self.policy
         n = len(prompts)
-        width = max(gather_object([n])) if trainer.accelerator.num_processes > 1 else n
+        width = max(gather_object([n])) if policy.accelerator.num_processes > 1 else n
         if width == 0:
             return []
         filler = prompts[:1] or [list(output["prompt_ids"][0][output["prompt_mask"][0].bool()].tolist())]
         rows = rows + [rows[0] if rows else 0] * (width - n)
         prompts = prompts + filler * (width - n)
-        ids, mask = left_pad(prompts, trainer.processing_class.pad_token_id, trainer.accelerator.device)
+        ids, mask = left_pad(prompts, policy.tokenizer.pad_token_id, policy.accelerator.device)
         completion_ids = output["completion_ids"][rows]
         completion_mask = output["completion_mask"][rows]
         with self.model() as model, torch.no_grad(), torch.random.fork_rng(devices=[]):
-            logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            logps = policy.logps(
                 model,
                 torch.cat([ids, completion_ids], 1),
                 torch.cat([mask, completion_mask], 1),
                 completion_ids.size(1),
-                batch_size=trainer.args.per_device_train_batch_size,
+                batch_size=self.args.per_device_train_batch_size,
             )
         return list(logps[:n].float())
 

@@ -6,9 +6,10 @@ so the baseline spans both processes); each process writes, per step, its own ro
 rewards and feedback flags, for the test to compare with one process's computation on the same rollouts.
 ``multiprocess_run.py MODEL OUT uneven``: ``feedback_trigger unsolved`` with ``feedback_source reference``, where
 rank 0's groups all count as solved and rank 1's as failed, so only rank 1 has feedback rows to generate; each
-process writes how many feedback rows it generated per step. ``multiprocess_run.py MODEL OUT uneven-judge``: the
-same with the default source (reflection and abstraction) and the LLM relevance judge, whose forwards every process
-must join.
+process writes how many feedback rows it generated per step (``generation_rounds phased``: the feedback call after
+GRPO's rollout). ``multiprocess_run.py MODEL OUT uneven-judge``: the same in one call (the trigger reads the
+scores of the attempts made a step ahead, so from the second step) with the default source (reflection and
+abstraction) and the LLM relevance judge, whose forwards every process must join.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
         advantage_grouping=grouping,
         scale_rewards="batch",
         feedback_ratio=0.5,
+        generation_rounds="phased",  # every step has feedback rows (one: the first step's would all fall back)
     )
     stub_summaries(trainer)
-    steps, after = [], trainer._after_rollouts
+    steps, after = [], trainer.after_rollouts
 
     def record(output, generation):
         after(output, generation)
@@ -65,7 +67,7 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
             }
         )
 
-    trainer._after_rollouts = record
+    trainer.after_rollouts = record
     trainer.train()
     rank = trainer.accelerator.process_index
     (out / f"{grouping}-rank{rank}.json").write_text(
@@ -74,9 +76,9 @@ def advantages(model_dir: Path, out: Path, grouping: str) -> None:
 
 
 # The uneven-trigger launches: rank 0's groups all solve, rank 1's all fail, with these sources.
-UNEVEN = {
-    "uneven": dict(feedback_source="reference", summaries_per_group=0),
-    "uneven-judge": dict(feedback_source="self", relevance_scorer="llm"),
+UNEVEN = {  # the phased feedback call after GRPO's rollout; one call, triggered by the stored attempts' scores
+    "uneven": dict(feedback_source="reference", summaries_per_group=0, generation_rounds="phased"),
+    "uneven-judge": dict(feedback_source="self", relevance_scorer="llm", generation_rounds="one"),
 }
 
 
@@ -87,14 +89,14 @@ def uneven_triggers(model_dir: Path, out: Path, name: str) -> None:
     if trainer.args.summaries_per_group:
         stub_summaries(trainer)
     rank = trainer.accelerator.process_index
-    trainer._model_io.score = lambda rows: [rank == 0] * len(rows)  # rank 0 solves everything, rank 1 nothing
-    steps, after = [], trainer._after_rollouts
+    trainer.policy.rollout.score = lambda rows: [rank == 0] * len(rows)  # rank 0 solves everything, rank 1 nothing
+    steps, after = [], trainer.after_rollouts
 
     def record(output, generation):
         after(output, generation)
         steps.append(sum(r.has_feedback for r in generation.rows))
 
-    trainer._after_rollouts = record
+    trainer.after_rollouts = record
     trainer.train()
     kinds = sorted({r.kind for r in trainer.last_generation.rows})
     (out / f"{name}-rank{rank}.json").write_text(json.dumps({"feedback_rows": steps, "kinds": kinds}))

@@ -40,7 +40,7 @@ def _canned_summaries() -> None:
 def _kill_at(spec: str, sig: int = signal.SIGKILL) -> None:
     where, step = spec.split(":")
     step = int(step)
-    hook = {"step": "_after_rollouts", "save": "_save_rng_state"}[where]
+    hook = {"step": "after_rollouts", "save": "_save_rng_state"}[where]
     original = getattr(LanpoTrainer, hook)
 
     def killer(self, *args, **kwargs):
@@ -63,7 +63,7 @@ def _length_reward() -> None:
 
 def _report(folder: str) -> None:
     original = LanpoTrainer.train
-    after = LanpoTrainer._after_rollouts
+    after = LanpoTrainer.after_rollouts
 
     def record(self, output, generation):
         after(self, output, generation)
@@ -73,7 +73,7 @@ def _report(folder: str) -> None:
             "advantages": output["advantages"].tolist(),
         }
 
-    LanpoTrainer._after_rollouts = record
+    LanpoTrainer.after_rollouts = record
 
     def train(self, *args, **kwargs):
         result = original(self, *args, **kwargs)

@@ -175,6 +175,7 @@ HELP_GROUPS = {
         "answer_extraction",
         "verify_time_limit",
     ],
+    "LANPO: how a step generates": ["generation_rounds"],
     "LANPO: which lessons help (each pool entry's worth)": ["retrieval_rank", "pool_eviction", "pool_total_cap"],
     "Code problems (sandboxed unit-test rewards)": [
         "code_timeout",
@@ -595,7 +596,7 @@ def run(argv: list[str]) -> Path:
             name = "config.yaml" if checkpoint is None else "config.resumed.yaml"
             (run_dir / name).write_text(yaml.safe_dump(resolved, sort_keys=False))
         if done is not None:  # killed between its last checkpoint and its final model: only the final model is missing
-            trainer._load_from_checkpoint(checkpoint)
+            trainer.load_weights(checkpoint)
             trainer.state.global_step = done
         else:
             try:
@@ -637,8 +638,7 @@ def preflight(config, problems) -> None:
     """What the trainer would refuse about the data, refused before the model loads: a privileged source with no
     worked solution to read, code problems with no sandbox to run them (said once, with the reason); an option the
     data leaves without effect, warned about."""
-    from lanpo.feedback.privileged import reference_of
-    from lanpo.trainer import check_references
+    from lanpo.feedback.privileged import check_references, reference_of
     from lanpo.verify.code import CodeVerifier, code_settings
 
     prompts = config.generation_batch_size // config.num_generations  # distinct problems one generation batch holds

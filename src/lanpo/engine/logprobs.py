@@ -122,3 +122,16 @@ def add_compact_lm_head(model, temperature: float, request: HeadRequest, chunk_t
 
     model.forward = types.MethodType(forward, model)
     return True
+
+
+def add_compact_heads(models, temperature: float, entropy_grad: bool) -> HeadRequest | None:
+    """``logprob_head="compact"``: ``models`` (the policy, a PEFT policy's base model, the reference model, a
+    teacher's own weights; None skipped) give their log-probabilities from the completion tokens alone, patched over
+    TRL's fused head where TRL patched it. The request the trainer sets ``entropy`` on before each forward, or None
+    where any model kept TRL's head."""
+    from accelerate.utils import is_peft_model
+
+    request = HeadRequest(entropy_grad=entropy_grad)
+    models = [m.get_base_model() if is_peft_model(m) else m for m in models if m is not None]
+    patched = [add_compact_lm_head(m, temperature, request) for m in models]
+    return request if all(patched) else None

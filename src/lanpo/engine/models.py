@@ -248,6 +248,26 @@ def follow_other_work(share: CpuShare, min_seconds: float = 2.0) -> int | None:
     return threads
 
 
+def thread_sizer():
+    """A transformers ``TrainerCallback`` that, between optimizer steps, re-sizes torch's CPU threads to the cores
+    other work left idle during the step (:func:`follow_other_work`): a laptop is always shared, and a thread on a
+    core another process holds stalls every parallel region. For one CPU process without ``OMP_NUM_THREADS`` only."""
+    from transformers import TrainerCallback
+
+    class ThreadSizer(TrainerCallback):
+        def __init__(self) -> None:
+            self.share: CpuShare | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.share = CpuShare()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.share is not None:
+                follow_other_work(self.share)
+
+    return ThreadSizer()
+
+
 def size_cpu_threads(processes: int | None = None, elsewhere: float | None = -1.0) -> int:
     """Size torch's CPU threads to the cores this process may use (``os.sched_getaffinity``) that other work leaves
     idle (sampled now, unless ``elsewhere`` gives the busy cores), shared by the ``processes`` lanpo processes on

@@ -9,7 +9,6 @@ exactly as one without. Every process evaluates the same problems (generation un
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from pathlib import Path
@@ -61,20 +60,6 @@ def load_eval_problems(specs: str | None, limit: int | None, data_dir: str | Non
             )
         problems[name] = load_problems(spec, split=default_split(spec), limit=limit, data_dir=data_dir)
     return problems
-
-
-def vllm_engine(trainer):
-    """The trainer's colocated vLLM engine, its weights synced to the current step, or None (no vLLM, server mode,
-    or sleep mode): evaluation then samples from it, ~5x transformers' generate on CPU (benchmarks/
-    generation_backends.py). The sync is TRL's (lanpo's on CPU), so the next rollout does not sync again."""
-    args = trainer.args
-    if not (args.use_vllm and args.vllm_mode == "colocate") or getattr(args, "vllm_enable_sleep_mode", False):
-        return None
-    generation = trainer.vllm_generation
-    if trainer.state.global_step != trainer._last_loaded_step:
-        generation.sync_weights()
-        trainer._last_loaded_step = trainer.state.global_step
-    return generation.llm
 
 
 def eval_settings(args, step: int) -> EvalSettings:
@@ -129,7 +114,7 @@ class TrainingEval(TrainerCallback):
             )
 
     def run(self, step: int) -> dict[str, float]:
-        from trl.models.utils import unwrap_model_for_generation
+        from lanpo.engine.generation import is_vllm
 
         trainer = self.trainer
         args = self.trainer.args
@@ -139,19 +124,9 @@ class TrainingEval(TrainerCallback):
         retriever = trainer.retriever
         saved_stats = retriever.stats  # training's retrieval metrics stay training's
         devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        engine = vllm_engine(trainer)
-        model = engine
-        with contextlib.ExitStack() as stack:
-            stack.enter_context(torch.random.fork_rng(devices=devices))
-            if model is None:
-                model = stack.enter_context(
-                    unwrap_model_for_generation(
-                        trainer.model_wrapped,
-                        trainer.accelerator,
-                        gather_deepspeed3_params=args.ds3_gather_for_generation,
-                    )
-                )
-                stack.enter_context(trainer._dist.summon_full_params(trainer.model_wrapped, recurse=False))
+        # the synced colocated vLLM engine where there is one (~5x transformers' generate on CPU: benchmarks/
+        # generation_backends.py), else the full model
+        with torch.random.fork_rng(devices=devices), trainer.generation_model(engine=True) as model:
             for name, problems in self.problems.items():
                 results = evaluate(
                     model,
@@ -179,7 +154,7 @@ class TrainingEval(TrainerCallback):
         logger.info(
             "Step %d evaluation (%s): %s",
             step,
-            "vLLM" if engine is not None else "transformers",
+            "vLLM" if is_vllm(model) else "transformers",
             ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if "stderr" not in k),
         )
         should_log = trainer.control.should_log  # logging resets it: the step's own log must still happen

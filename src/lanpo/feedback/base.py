@@ -29,6 +29,7 @@ class FeedbackRequest(NamedTuple):
     attempts: tuple[str, ...] | None = None  # the group's own attempts handed over (None: the source finds its own)
     level: int | None = None  # privileged sources: the hint level asked for (None: the problem's on the ladder)
     scale: float = 1.0  # privileged sources: the share of a hint kept this step (hint_anneal_steps)
+    step: int | None = None  # the step asking: the handed ``attempts`` were written by its model
 
 
 class Feedback(NamedTuple):
@@ -38,6 +39,7 @@ class Feedback(NamedTuple):
     reason: str = ""
     retrieved: tuple[dict, ...] = ()  # the pool entries shown ({"entry_id", "relevance"}), for retrievals.jsonl
     level: int | None = None  # privileged sources: the hint level the context carries
+    shown_step: int | None = None  # the step whose model wrote the attempt the context shows (None: it shows none)
 
 
 class FeedbackSource:

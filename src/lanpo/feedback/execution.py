@@ -211,10 +211,13 @@ class ExecutionSource(ReflectionSource):
         return cls(kit.pool, kit.run_code, kit.args.answer_extraction, kit.args.attempts)
 
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
-        pairs, spans, shows = [], [], []  # each request's distinct attempts, run together in one batch
+        pairs, spans, shows, steps = [], [], [], {}  # each request's distinct attempts, run together in one batch
         for request in requests:
             shows.append(public_tests(request.problem) is not None)
-            attempts = list(dict.fromkeys(self.own_attempts(request))) if shows[-1] else []
+            dated = self.dated_attempts(request) if shows[-1] else []
+            attempts = list(dict.fromkeys(text for text, _ in dated))
+            for text, step in reversed(dated):  # a text written twice: its newest step
+                steps[(request.problem, text)] = step
             spans.append((len(pairs), len(pairs) + len(attempts)))
             pairs += [(request.problem, attempt) for attempt in attempts]
         tried = try_attempts(pairs, self.run_code, self.extraction)
@@ -230,5 +233,6 @@ class ExecutionSource(ReflectionSource):
                 continue
             counts.update(f"public_{t.outcome}" for t in mine)
             ordered = [t for t in mine if t.went_wrong] + [t for t in mine if not t.went_wrong]
-            built.append([Feedback(ordered[j % len(ordered)].messages) for j in range(request.rows)])
+            shown = [ordered[j % len(ordered)] for j in range(request.rows)]
+            built.append([Feedback(t.messages, shown_step=steps.get((request.problem, t.attempt))) for t in shown])
         return built

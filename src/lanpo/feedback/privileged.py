@@ -16,6 +16,7 @@ and a ``self`` run never builds these sources.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from lanpo.data.loaders import Problem, problem_of
 from lanpo.feedback.base import Feedback, FeedbackRequest, FeedbackSource, SourceKit
 from lanpo.feedback.labels import ANSWER_STATEMENT, holds_code
 from lanpo.feedback.reflection import ReflectionSource
-from lanpo.plan import HINT_TOP, Attempts
+from lanpo.plan import HINT_TOP, Attempts, FeedbackKind
 from lanpo.prompts import (
     Messages,
     gold_messages,
@@ -37,6 +38,8 @@ from lanpo.prompts import (
 )
 from lanpo.verify.answers import mentions_answer
 from lanpo.verify.sandbox import CodeTests, GoldKind
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,29 @@ def take_references(dataset) -> tuple[Any, dict[str, Reference]]:
         solution = solution.strip() or None if isinstance(solution, str) else None
         references[pid] = Reference(str(row["answer"]), solution, row["gold_kind"])
     return (dataset.remove_columns("solution") if has_solution else dataset), references
+
+
+def check_references(kind: FeedbackKind | None, references: dict) -> None:
+    """A ``feedback_source`` whose kind reads worked solutions (reference, self-hint) has some, warned about where
+    many lack one (their rows fall back to the plain prompt, counted as no_solution)."""
+    if kind is None or not kind.reads_solutions or not references:
+        return
+    source = kind.name
+    with_solution = sum(1 for r in references.values() if r.solution)
+    if not with_solution:
+        raise ValueError(
+            f"feedback_source {source} shows parts of worked solutions, and none of the {len(references)} training "
+            "problems has one: use data with solutions (builtin:arith, gsm8k, a file with a solution field; "
+            "--solution_field NAME), or feedback_source gold or self."
+        )
+    if with_solution < len(references):
+        logger.warning(
+            "feedback_source %s: %d of %d training problems have no worked solution; their feedback rows get the "
+            "plain prompt (lanpo/fallback/no_solution).",
+            source,
+            len(references) - with_solution,
+            len(references),
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -254,18 +280,20 @@ class GoldSource(ReflectionSource):
 
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
         shown: list[tuple[FeedbackRequest, str, Reference]] = []  # (request, attempt, reference) per row
+        written: list[int | None] = []  # the step each shown attempt was written at
         missing: dict[int, str] = {}
         for n, request in enumerate(requests):
             reference = self.kit.references.get(request.problem_id)
-            attempts = self.own_attempts(request)
+            attempts = self.dated_attempts(request)
             if reference is None or not attempts:
                 missing[n] = "no_answer" if reference is None else "no_attempt"
                 continue
-            shown += [(request, attempts[j % len(attempts)], reference) for j in range(request.rows)]
+            shown += [(request, attempts[j % len(attempts)][0], reference) for j in range(request.rows)]
+            written += [attempts[j % len(attempts)][1] for j in range(request.rows)]
         verdicts = iter(
             self.kit.right([a for _, _, a in shown], [t for _, t, _ in shown], [r.problem for r, _, _ in shown])
         )
-        rows = iter(shown)
+        rows, steps = iter(shown), iter(written)
         built = []
         for n, request in enumerate(requests):
             if n in missing:
@@ -275,7 +303,8 @@ class GoldSource(ReflectionSource):
             for _ in range(request.rows):
                 _, attempt, reference = next(rows)
                 truth = ground_truth(reference.answer, reference.gold_kind)
-                group.append(Feedback(gold_messages(request.problem, attempt, truth, next(verdicts))))
+                messages = gold_messages(request.problem, attempt, truth, next(verdicts))
+                group.append(Feedback(messages, shown_step=next(steps)))
             built.append(group)
         return built
 

@@ -50,17 +50,24 @@ class ReflectionSource(FeedbackSource):
         return self.mode.stored and bool(self.pool.attempts(request.problem_id, limit=1))
 
     def own_attempts(self, request: FeedbackRequest) -> list[str]:
-        """The group's own attempts handed over, else those stored for the problem (empty texts left out)."""
-        handed = [a for a in (request.attempts or ()) if a.strip()]
-        return handed or [a.text for a in self.pool.attempts(request.problem_id) if a.text.strip()]
+        """The group's own attempts handed over, else those stored for the problem, newest first (empty texts left
+        out)."""
+        return [text for text, _ in self.dated_attempts(request)]
+
+    def dated_attempts(self, request: FeedbackRequest) -> list[tuple[str, int | None]]:
+        """:meth:`own_attempts` with the step whose model wrote each (None where unknown: handed over without one)."""
+        handed = [(a, request.step) for a in (request.attempts or ()) if a.strip()]
+        return handed or [(a.text, a.step) for a in self.pool.attempts(request.problem_id) if a.text.strip()]
 
     def contexts(self, requests: list[FeedbackRequest], counts: Counter) -> list[list[Feedback]]:
         built = []
         for request in requests:
-            attempts = self.own_attempts(request)
+            attempts = self.dated_attempts(request)
             rows = []
             for j in range(request.rows):
-                context = build_reflection_prompt(request.problem, [attempts[j % len(attempts)]] if attempts else [])
-                rows.append(Feedback(context.messages, context.reason))
+                text, step = attempts[j % len(attempts)] if attempts else ("", None)
+                context = build_reflection_prompt(request.problem, [text] if attempts else [])
+                shown = step if context.messages is not None else None
+                rows.append(Feedback(context.messages, context.reason, shown_step=shown))
             built.append(rows)
         return built

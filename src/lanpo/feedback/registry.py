@@ -31,7 +31,8 @@ def register(source: type[FeedbackSource]) -> type[FeedbackSource]:
     <its kind>`` then gives it every feedback row of a group. Usable as a class decorator."""
     if SOURCES.get(source.kind, source) is not source:
         raise ValueError(f"feedback kind {source.kind!r} has a source already: {SOURCES[source.kind].__name__}.")
-    register_kind(FeedbackKind(source.kind, privileged=source.privileged))
+    reads_attempts = issubclass(source, ReflectionSource)  # it shows the problem's own attempts as reflection does
+    register_kind(FeedbackKind(source.kind, privileged=source.privileged, reads_attempts=reads_attempts))
     SOURCES[source.kind] = source
     return source
 

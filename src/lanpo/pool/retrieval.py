@@ -321,3 +321,20 @@ class Retriever:
 
     def retrieve(self, problem_id: str, problem: str) -> list[Retrieved]:
         return self.retrieve_many([(problem_id, problem)])[0]
+
+
+def run_retriever(args, pool, model, tokenizer, gather_max: Callable[[int], int] | None = None) -> Retriever:
+    """A training run's retriever over ``pool``, from its config (``relevance_*``, ``retrieval_*``); the LLM judge
+    judges with ``model``, its batches padded to the most any process runs where ``gather_max`` (several processes:
+    the same forwards on every rank) is given."""
+    scorer = make_scorer(args.relevance_scorer, model, tokenizer, args.embedding_model)
+    if isinstance(scorer, LLMJudgeScorer) and gather_max is not None:
+        scorer.sync_batches = gather_max
+    return Retriever(
+        pool,
+        scorer,
+        gamma=args.relevance_threshold,
+        top_k=args.retrieval_top_k,
+        candidates=args.retrieval_candidates,
+        ranking=args.retrieval_rank,
+    )

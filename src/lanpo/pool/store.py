@@ -379,6 +379,18 @@ class ExperiencePool:
         if self.readonly:
             raise PoolError(f"The pool {self.path} was opened read-only.")
 
+    @classmethod
+    def for_run(cls, args, path: str | Path) -> ExperiencePool:
+        """A training run's pool at ``path`` (``:memory:`` on processes other than the main one), with its caps and
+        eviction from the run's config."""
+        return cls(
+            path,
+            cap_per_problem=args.pool_cap,
+            attempts_per_problem=args.pool_attempts_cap,
+            eviction=args.pool_eviction,
+            total_cap=args.pool_total_cap,
+        )
+
     def add(
         self,
         entries: Iterable[PoolEntry],

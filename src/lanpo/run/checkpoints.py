@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -25,7 +26,10 @@ from lanpo.pool.store import POOL_FILENAME as POOL_FILE
 from lanpo.summarize import Trial
 from lanpo.verify.sandbox import gold_kind_of
 
+logger = logging.getLogger(__name__)
+
 STAGING = ".staging"
+FEEDBACK_STATE = "feedback_state.json"  # a checkpoint's hint ladder and transfer record
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -249,3 +253,34 @@ def epoch_ordered(sampler):
 
     sampler.set_epoch = set_epoch
     return sampler
+
+
+def save_run_state(staged: Path, pool, feedback_state: dict, teacher, run_dir: Path) -> None:
+    """The main process's part of lanpo's checkpoint state: the pool, the hint ladder and transfer record
+    (``feedback_state``), an EMA teacher's weights, and the run's ``config.yaml`` (what the checkpoint was trained
+    with)."""
+    pool.backup(staged / POOL_FILE)
+    write_json(staged / FEEDBACK_STATE, feedback_state)
+    if teacher is not None:
+        teacher.save(staged)
+    if (run_dir / "config.yaml").is_file():
+        shutil.copyfile(run_dir / "config.yaml", staged / "config.yaml")
+
+
+def resume_run_state(folder: Path, pool, rank: int, processes: int, run_dir: Path, dataset) -> tuple[list[Trial], dict]:
+    """What :func:`save_run_state` and :func:`write_state` kept, put back: the pool (:func:`restore`), this process's
+    pending trials with their golds read from the run's ``dataset`` (problem id -> answer; a trial whose problem is
+    gone is dropped, with a warning), and the feedback state (empty in checkpoints of older runs)."""
+    from lanpo.data.loaders import problem_of
+
+    pending = restore(folder, pool, rank, processes, run_dir)
+    golds = {problem_of(row)[0]: str(row["answer"]) for row in dataset} if pending else {}
+    pending, dropped = with_golds(pending, golds)
+    if dropped:
+        logger.warning(
+            "%d pending summaries of %s dropped: their problems are not in this run's data, so their lessons could "
+            "not be scrubbed of the answer.",
+            dropped,
+            folder,
+        )
+    return pending, read_json(folder / FEEDBACK_STATE)

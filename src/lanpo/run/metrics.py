@@ -43,11 +43,21 @@ METRICS: dict[str, str] = {
     "hint/self_hint_unparsed": "self-hint: hints that did not parse (their rows got the reference context)",
     "hint/self_hint_states_answer": "self-hint: hints dropped for stating the final answer (rows got the plain prompt)",
     "lanpo/all_fail_share": "share of groups in which every row failed (no reward signal but failure; every arm)",
-    "lanpo/triggered_share": "feedback_trigger unsolved: share of groups whose scratch rows all failed",
+    "lanpo/triggered_share": "feedback_trigger unsolved: share of groups triggered (generation_rounds one: the "
+    "problem's stored attempts' pass rate at most feedback_trigger_pass_rate; phased: the step's scratch rows')",
+    "lanpo/trigger_no_attempt": "feedback_trigger unsolved, generation_rounds one: groups whose problem had no stored "
+    "attempt to score (all scratch)",
     "lanpo/rescued_share": "feedback_trigger unsolved: share of groups where a feedback row is right though "
     "every scratch row was wrong",
     "lanpo/rescue_rate": "feedback_trigger unsolved: rescued groups over triggered groups (steps with any)",
-    "lanpo/ahead_attempts": "reflection_source ahead: attempts at the next step's problems generated in this step",
+    "lanpo/ahead_attempts": "attempts at the next step's problems generated in this step's call (generation_rounds "
+    "one, or reflection_source ahead)",
+    "lanpo/generation_rounds": "calls into the generation engine this step (this process's), in order: on a GPU each "
+    "costs about its longest row's decode steps, whatever its rows",
+    "lanpo/round<k>/rows": "rows the step's k-th generation call generated (its rows, riding summaries and attempts)",
+    "lanpo/round<k>/longest": "tokens of the longest completion of the step's k-th generation call",
+    "lanpo/shown_attempt_age": "steps between the model that wrote an attempt a feedback row shows and the one shown "
+    "it (generation_rounds one: 1 where attempted ahead, more from an earlier visit; phased: 0 on a first visit)",
     "lanpo/pool_size": "entries in the experience pool",
     "lanpo/pool_problems": "problems with at least one entry in the pool",
     "lanpo/lessons_dropped": "lessons left out of abstraction contexts (stating an answer, holding code, talking about "
@@ -296,6 +306,11 @@ def step_metrics(
         **retrieval,
         "lanpo/lessons_dropped": float(counts.get("lessons_dropped", 0)),
         **({"lanpo/ahead_attempts": float(counts["ahead_attempts"])} if counts.get("ahead_attempts") else {}),
+        **(
+            {"lanpo/trigger_no_attempt": float(counts["trigger_no_attempt"])}
+            if counts.get("trigger_no_attempt")
+            else {}
+        ),
         **hint_metrics(records, counts),
         # execution feedback: what the attempts it showed did on their problems' public examples, by outcome
         **{f"execution/{key}": float(value) for key, value in counts.items() if key.startswith("public_")},

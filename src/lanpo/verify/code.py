@@ -214,6 +214,18 @@ class Verifier:
             stats.update({f"code/{k}": v for k, v in self._code.stats.items()})
         return stats
 
+    def credits(self, references: Sequence, texts: Sequence[str], problems: Sequence[str]) -> list[bool]:
+        """Which ``texts`` it credits against their references' golds (anything with ``answer`` and ``gold_kind``)."""
+        golds, kinds = [r.answer for r in references], [r.gold_kind for r in references]
+        return [s > 0.5 for s in self.score_texts(golds, texts, problems, kinds=kinds)]
+
+    def credits_rows(self, rows: Sequence) -> list[bool]:
+        """Which rollout rows' answers it credits (``feedback_trigger unsolved`` decides on these)."""
+        golds, kinds = [r.gold for r in rows], [r.gold_kind for r in rows]
+        return [
+            s > 0.5 for s in self.score_texts(golds, [r.text for r in rows], [r.problem for r in rows], kinds=kinds)
+        ]
+
     def score_texts(
         self,
         golds: Sequence[str],
