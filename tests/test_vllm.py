@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,11 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one engine in this process (TRL's colocate mode too)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+# `make test-vllm` runs these tests side by side, each in its own process: TRL's colocate mode takes the first free
+# port of a fixed list (29500 first), so two engines starting at once race for it. Each process takes its own.
+with socket.socket() as _free:
+    _free.bind(("127.0.0.1", 0))
+    os.environ.setdefault("MASTER_PORT", str(_free.getsockname()[1]))
 
 from conftest import build_tiny_model  # noqa: E402
 from lanpo.cli import main  # noqa: E402
@@ -121,6 +127,7 @@ def test_strip_mode_under_vllm_records_trainer_log_probabilities_and_leaves_feed
         beta=0.1,
         learning_rate=0.05,
         off_policy_mask_threshold=1e-3,
+        generation_rounds="phased",  # every step reflects (one: the first step's reflections go plain)
     )
     stub_summaries(trainer)
     checked, masks, after = [], [], trainer.after_rollouts
@@ -285,8 +292,8 @@ def test_old_log_probabilities_from_the_loss_give_trl_s_ratio_loss_and_gradients
     TRL's (with the strip family's 1 on feedback rows), and so do the loss and its gradients (fp32, rtol 1e-5)."""
     import torch
 
-    trainer = vllm_trainer(
-        vllm_model_dir, tmp_path / "old", feedback_ratio=feedback_ratio, max_steps=1, beta=0.04, learning_rate=1e-3
+    trainer = vllm_trainer(  # two steps: the first step's reflections go plain (no attempt yet), the second's not
+        vllm_model_dir, tmp_path / "old", feedback_ratio=feedback_ratio, max_steps=2, beta=0.04, learning_rate=1e-3
     )
     stub_summaries(trainer)
     compute_loss, compared = trainer._compute_loss, []
