@@ -77,17 +77,28 @@ def test_builtin_code_problems_are_reproducible_and_carry_tests_and_a_solution()
         load_problems("builtin:code?level=1")
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_every_reference_solution_passes_its_own_tests_and_a_wrong_one_fails():
+    """Every task of every level and split: its reference passes its tests and a wrong body (``return None``)
+    fails them, checked as the sandbox compares (through JSON); a third of them, every level and split, through the
+    reward's sandbox itself (the sandbox credits exactly what the generation's own check does: a test below)."""
     problems = load_problems("builtin:code?levels=1,2,3,4,5&n=400") + load_problems(
         "builtin:code?split=test&n=400&levels=1,2,3,4,5"
     )
+    tasks = code_tasks([1, 2, 3, 4, 5], 400, 0, "train", 2) + code_tasks([1, 2, 3, 4, 5], 400, 0, "test", 2)
+    wrong = {t.id: t.solution.rsplit("\n    ", 1)[0] + "\n    return None\n" for t in tasks}
+    assert all(_credits(t, t.solution) for t in tasks)
+    assert sum(_credits(t, wrong[t.id]) for t in tasks) < 0.05 * len(tasks)
+    sample = problems[::3]
     with closing(CodeVerifier(CodeSettings())) as verifier:
-        right = verifier.score_texts([p.answer for p in problems], [fence(p.solution) for p in problems])
-        wrong = [p.solution.rsplit("\n    ", 1)[0] + "\n    return None\n" for p in problems]
-        wrong_scores = verifier.score_texts([p.answer for p in problems], [fence(w) for w in wrong])
-    assert right == [1.0] * len(problems)
-    assert sum(wrong_scores) < 0.05 * len(problems)
+        right = verifier.score_texts([p.answer for p in sample], [fence(p.solution) for p in sample])
+        wrong_scores = verifier.score_texts(
+            [p.answer for p in sample],
+            [fence(p.solution.rsplit("\n    ", 1)[0] + "\n    return None\n") for p in sample],
+        )
+    assert right == [1.0] * len(sample)
+    assert sum(wrong_scores) < 0.05 * len(sample)
 
 
 def _credits(task, source: str) -> bool:
@@ -201,6 +212,7 @@ def test_a_local_code_file_whose_tests_pass_mutants_of_its_solution_is_loaded_wi
     assert "row(s) 1" in caplog.text and "(2 of 6 mutants" in caplog.text  # x >= 4 and x > 3
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_humaneval_loads_from_the_wheel_and_its_canonical_solutions_pass():
     problems = load_problems("humaneval")

@@ -51,6 +51,7 @@ def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_a_grid_runs_every_cell_then_a_rerun_does_no_work_and_writes_the_same_table(
     tiny_model_dir, tmp_path, monkeypatch
 ):
@@ -286,6 +287,7 @@ def test_the_gpu_grid_is_the_embedded_grid_on_another_device(name):
     assert gpu.settings["use_cpu"] is False and gpu.out != cpu.out
 
 
+@pytest.mark.slow
 def test_jobs_run_cells_at_once_each_with_its_log(tiny_model_dir, tmp_path, monkeypatch):
     grid_file = tiny_grid(tmp_path, tiny_model_dir)
     grid = load_grid(grid_file)

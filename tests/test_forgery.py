@@ -185,6 +185,7 @@ def test_rebinding_anything_the_runner_might_use_scores_zero(sandbox, target, fo
     assert all(r.outcome != "passed" and r.share == 0.0 for r in results), results
 
 
+@pytest.mark.slow
 def test_the_two_liner_scores_zero_on_builtin_code_humaneval_and_local_rows(tmp_path):
     rows = [
         {"prompt": f'def f{i}(x):\n    """Twice x."""\n', "tests": f"assert f{i}(2) == 4\nassert f{i}(5) == 10\n"}

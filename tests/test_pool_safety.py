@@ -60,12 +60,17 @@ def test_concurrent_writers_lose_nothing_and_every_id_is_their_own(tmp_path):
                 assert by_id[entry_id] == text  # the id add() returned is the entry this writer inserted
 
 
+@pytest.mark.slow
 def test_random_kills_of_a_writer_never_leave_half_a_batch(tmp_path):
     path = tmp_path / "pool.sqlite"
     rng = random.Random(0)
     for kill in range(8):
-        writer = _writer(tmp_path, path, f"k{kill}", 10_000, 5, False)
-        time.sleep(rng.uniform(1.0, 2.5))  # start-up, then a random moment in the middle of writing
+        writer = _writer(tmp_path, path, f"k{kill}", 10_000, 5, True)
+        record, deadline = tmp_path / f"k{kill}.jsonl", time.monotonic() + 60
+        while not (record.is_file() and record.read_text().count("\n") >= 2):  # writing: its batches land
+            assert writer.poll() is None and time.monotonic() < deadline, "the writer never started writing"
+            time.sleep(0.01)
+        time.sleep(rng.uniform(0.0, 0.5))  # then a random moment in the middle of writing
         writer.send_signal(signal.SIGKILL)
         writer.wait()
         with ExperiencePool(path, readonly=True) as pool:

@@ -54,6 +54,7 @@ def _processes_with(text: str) -> list[str]:
     return [line for line in out.splitlines() if text in line and " Z" not in line and "ps -e" not in line]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_a_grid_cell_ends_with_its_runner_and_a_second_runner_finishes_it_once(tiny_model_dir, tmp_path, how):
     import yaml

@@ -152,20 +152,39 @@ def _report(folder: Path, processes: int) -> list[dict]:
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(processes)]
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, tmp_path_factory):
+    """The uninterrupted run the kill, Ctrl-C and resume tests compare with, made once for the module per
+    ``max_steps``: (its run folder, its report)."""
+    made: dict[int, tuple[Path, dict]] = {}
+
+    def run(max_steps: int) -> tuple[Path, dict]:
+        if max_steps not in made:
+            folder = tmp_path_factory.mktemp(f"uninterrupted-{max_steps}")
+            args = tiny_args(tiny_model_dir, folder / "run", max_steps=max_steps)
+            done = _script(args, {"LANPO_REPORT": str(folder / "report")})
+            assert done.returncode == 0, done.stderr[-3000:]
+            made[max_steps] = (folder / "run", _report(folder / "report", 1)[0])
+        return made[max_steps]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kill", ["step:3", "save:2"])
-def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_nothing(tiny_model_dir, tmp_path, kill):
-    reference, run = tmp_path / "reference", tmp_path / "run"
+def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_nothing(
+    tiny_model_dir, tmp_path, kill, uninterrupted
+):
+    run = tmp_path / "run"
     args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
-    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref")})
-    assert done.returncode == 0, done.stderr[-3000:]
+    reference, ref = uninterrupted(4)
     killed = _script(args(run), {"LANPO_KILL_AT": kill})
     assert killed.returncode == -9, killed.stderr[-3000:]
     if kill.startswith("save"):
         assert (run / ".staging").exists() and not (run / "checkpoint-2").exists()  # half-written, not in place
     resumed = _script(["--output_dir", str(run), "--resume", "latest"], {"LANPO_REPORT": str(tmp_path / "res")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    [ref], [res] = _report(tmp_path / "ref", 1), _report(tmp_path / "res", 1)
+    [res] = _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and len(res["rollout_ids"]) == len(set(res["rollout_ids"])) > 0
     assert steps_logged(run) == steps_logged(reference) and not (run / ".staging").exists()
 
@@ -458,10 +477,12 @@ def test_a_config_edited_by_hand_after_a_checkpoint_is_refused_on_resume(tiny_mo
 
 
 @pytest.mark.slow
-def test_samples_and_retrievals_after_two_killed_resumes_equal_an_uninterrupted_run(tiny_model_dir, tmp_path):
-    reference, run = tmp_path / "reference", tmp_path / "run"
+def test_samples_and_retrievals_after_two_killed_resumes_equal_an_uninterrupted_run(
+    tiny_model_dir, tmp_path, uninterrupted
+):
+    run = tmp_path / "run"
     args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
-    assert _script(args(reference), {}).returncode == 0
+    reference, _ = uninterrupted(4)
     assert _script(args(run), {"LANPO_KILL_AT": "save:2"}).returncode == -9
     resume = ["--output_dir", str(run), "--resume", "latest"]
     assert _script(resume, {"LANPO_KILL_AT": "save:3"}).returncode == -9
@@ -475,12 +496,11 @@ def test_samples_and_retrievals_after_two_killed_resumes_equal_an_uninterrupted_
 @pytest.mark.slow
 @pytest.mark.parametrize("where", ["step:2", "save:2"])
 def test_ctrl_c_mid_step_or_mid_save_says_where_the_run_stands_in_one_line_and_resume_loses_nothing(
-    tiny_model_dir, tmp_path, where
+    tiny_model_dir, tmp_path, where, uninterrupted
 ):
-    reference, run = tmp_path / "reference", tmp_path / "run"
+    run = tmp_path / "run"
     args = lambda out: tiny_args(tiny_model_dir, out, max_steps=3)  # noqa: E731
-    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref")})
-    assert done.returncode == 0, done.stderr[-3000:]
+    reference, ref = uninterrupted(3)
     stopped = _script(args(run), {"LANPO_INTERRUPT_AT": where})
     assert stopped.returncode == 130, stopped.stderr[-3000:]
     assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr[-3000:]
@@ -488,11 +508,12 @@ def test_ctrl_c_mid_step_or_mid_save_says_where_the_run_stands_in_one_line_and_r
     assert f"--resume latest --output_dir {run}" in line and "checkpoint-1" in line
     resumed = _script(["--output_dir", str(run), "--resume", "latest"], {"LANPO_REPORT": str(tmp_path / "res")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    [ref], [res] = _report(tmp_path / "ref", 1), _report(tmp_path / "res", 1)
+    [res] = _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and steps_logged(run) == steps_logged(reference)
     assert _samples_steps(run) == _samples_steps(reference)
 
 
+@pytest.mark.slow
 def test_the_command_line_prints_step_lines_and_no_library_deprecation_warnings(tiny_model_dir, tmp_path):
     """Issue 50: `lanpo train` printed FutureWarnings of transformers' and TRL's own renames between the bar and
     the step lines; the command line leaves them out (the Python API does not filter them)."""

@@ -358,6 +358,7 @@ def test_the_four_tasks_a_constant_passed_are_kept_with_tests_that_judge():
     }
 
 
+@pytest.mark.slow
 @needs_bwrap
 def test_no_constant_scores_on_builtin_code_in_the_sandbox():
     from lanpo.verify.code import CodeSettings, CodeVerifier
