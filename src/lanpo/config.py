@@ -199,7 +199,7 @@ class LanpoConfig(GRPOConfig):
         default=0,
         metadata={
             "help": "reference, self-hint: rounds within a step that re-generate the hinted rows still failing one "
-            "level up (GHPO, SAGE); 0: none."
+            "level up (GHPO, SAGE), each a generation call of its own after the step's; 0: none."
         },
     )
     hint_anneal_steps: int = field(
@@ -209,7 +209,10 @@ class LanpoConfig(GRPOConfig):
         },
     )
     hint_max_length: int = field(
-        default=128, metadata={"help": "self-hint: most new tokens of a hint the policy writes."}
+        default=128,
+        metadata={
+            "help": "self-hint: most new tokens of a hint the policy writes (in a generation call of its own, before the step's)."
+        },
     )
     feedback_trigger_pass_rate: float = field(
         default=0.0,

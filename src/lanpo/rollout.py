@@ -9,6 +9,11 @@ A batch holds whole groups of G rows of one problem each. Per group (:attr:`lanp
    the model's own earlier attempt at the same problem, ungraded. A context that cannot be built leaves the plain
    prompt (a fallback, counted).
 
+``generation_rounds one`` (:func:`one_round_rollout`, the default): every row in one generation call, with the
+summaries riding and the attempts at the next step's problems (:class:`Ahead`); contexts are built from what is known
+before the call (stored attempts, the pool as it stands), and ``unsolved`` triggers on the verifier's scores of the
+stored attempts (:func:`trigger_on_earlier`). ``generation_rounds phased``, the arrangement before:
+
 ``feedback_trigger always`` (:func:`lanpo_rollout`): phase A generates the scratch rows and every feedback row whose
 context is ready, together with the summary prompts of earlier trials (:mod:`lanpo.summarize`: summaries ride along
 and cost no sequential generation of their own) and, with ``reflection_source ahead``, plain attempts at the next
