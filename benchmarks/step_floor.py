@@ -125,7 +125,7 @@ def grid_arm(path: str, arm: str) -> list[str]:
     return flags
 
 
-def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") -> list[str]:
+def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu", fp32: bool = False) -> list[str]:
     cli = ["--output_dir", out, "--max_steps", str(steps), "--disable_tqdm", "true", "--logging_steps", "1"]
     if device == "cuda":
         cli += ["--use_cpu", "false", "--gradient_checkpointing", "false"]
@@ -138,8 +138,8 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu") 
         config = load_grid(CODE_GRID).config("grpo", 0)
         cli += ["--data", config["data"], "--max_completion_length", str(config["max_completion_length"])]
         cli += ["--per_device_train_batch_size", str(config["per_device_train_batch_size"])]
-    if setting in ("verdict", "code"):  # fp32 weights, bf16 autocast, vLLM colocate where it is installed
-        cli += ["--dtype", "float32", "--bf16", "true"]
+    if setting in ("verdict", "code"):  # fp32 weights, bf16 autocast (--fp32: none), vLLM colocate where installed
+        cli += ["--dtype", "float32", "--bf16", "false" if fp32 else "true"]
         if importlib.util.find_spec("vllm"):
             cli += ["--use_vllm", "true", "--vllm_mode", "colocate", "--vllm_max_model_length", "2048"]
     if arm.startswith("grpo"):
@@ -412,13 +412,13 @@ def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> flo
     return time.perf_counter() - start
 
 
-def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu") -> dict:
+def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu", fp32: bool = False) -> dict:
     from lanpo.commands.train import parse, set_model_dtype
     from lanpo.data.loaders import load_problems, to_prompt_dataset
     from lanpo.engine.models import load_tokenizer, resolve_model_path, size_cpu_threads
     from lanpo.trainer import LanpoTrainer
 
-    train_args, model_args, config = parse(settings(setting, out, steps, arm, device))
+    train_args, model_args, config = parse(settings(setting, out, steps, arm, device, fp32))
     size_cpu_threads()  # as `lanpo train` does
     set_model_dtype(config, model_args)
     model_path = resolve_model_path(model_args.model_name_or_path)
@@ -620,11 +620,18 @@ def main() -> None:
         default="cuda" if torch.cuda.is_available() else "cpu",
         help="where the arms train (default: cuda where a GPU is visible)",
     )
+    parser.add_argument(
+        "--fp32",
+        action="store_true",
+        help="verdict and code settings without bf16 autocast (a CPU without native bf16 runs it at float32's speed "
+        "at best); the arms' ratios compare like with like",
+    )
     parser.add_argument("--_one", nargs=2, metavar=("ARM", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
         arm, out = args._one
-        print("RESULT " + json.dumps(run_arm(args.setting, arm, args.steps, out, args.device)), flush=True)
+        result = run_arm(args.setting, arm, args.steps, out, args.device, args.fp32)
+        print("RESULT " + json.dumps(result), flush=True)
         return
     arms = args.arms.split(",")
     unknown = set(arms) - set(ARMS)
@@ -644,6 +651,7 @@ def main() -> None:
                 str(args.steps),
                 "--device",
                 args.device,
+                *(["--fp32"] if args.fp32 else []),
                 "--_one",
                 arm,
                 out,
@@ -660,7 +668,7 @@ def main() -> None:
     gpu = f", {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}",
-        "setting": args.setting,
+        "setting": args.setting + (" (fp32, no bf16 autocast)" if args.fp32 else ""),
         "generation": "vLLM colocate" if vllm else "transformers",
         "steps": f"{args.steps} per arm, medians over steps 2..{args.steps}, arms one after another",
         **summarize(runs),
