@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -286,3 +287,36 @@ def test_a_model_loaded_in_bf16_on_a_cpu_without_it_gets_lanpos_bf16_matmuls(tin
     model, _ = models.load_model(str(tiny_model_dir), dtype=dtype, device="cpu")
     assert bf16_matmul.installed() == (dtype == "bf16")
     assert next(model.parameters()).dtype == (torch.bfloat16 if dtype == "bf16" else torch.float32)
+
+
+@pytest.mark.parametrize("set_port", [None, "12999"])
+@pytest.mark.parametrize("world_size", [None, "1", "2"])
+@pytest.mark.parametrize("use_vllm, mode", [(True, "colocate"), (True, "server"), (False, "colocate")])
+def test_a_colocated_run_of_one_process_takes_a_rendezvous_port_of_its_own(
+    monkeypatch, set_port, world_size, use_vllm, mode
+):
+    """Two colocate runs starting at once raced for TRL's first free port (29500) and one failed: a colocated run
+    of one process gets a port the OS picks, unused; a port set by the user or a launcher, and every other run,
+    are left as they are."""
+    import socket
+    from types import SimpleNamespace
+
+    from lanpo.engine import vllm_cpu
+
+    for name, value in (("MASTER_PORT", set_port), ("WORLD_SIZE", world_size)):
+        monkeypatch.delenv(name, raising=False) if value is None else monkeypatch.setenv(name, value)
+    monkeypatch.setattr(vllm_cpu, "applies", lambda args: False)  # the CPU engine's settings are not this test's
+    vllm_cpu.prepare(SimpleNamespace(use_vllm=use_vllm, vllm_mode=mode))
+    port = os.environ.get("MASTER_PORT")
+    if set_port is not None or world_size == "2" or not use_vllm or mode != "colocate":
+        assert port == set_port
+        return
+    assert port is not None and port != "29500"
+    with socket.socket() as probe:  # nothing listens on it: the engine can bind it
+        probe.bind(("127.0.0.1", int(port)))
+    ports = set()
+    for _ in range(5):  # each run its own, not one fixed choice
+        monkeypatch.delenv("MASTER_PORT")
+        vllm_cpu.prepare(SimpleNamespace(use_vllm=use_vllm, vllm_mode=mode))
+        ports.add(os.environ["MASTER_PORT"])
+    assert len(ports) > 1

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,6 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # one engine in this process (TRL's colocate mode too)
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-# `make test-vllm` runs these tests side by side, each in its own process: TRL's colocate mode takes the first free
-# port of a fixed list (29500 first), so two engines starting at once race for it. Each process takes its own.
-with socket.socket() as _free:
-    _free.bind(("127.0.0.1", 0))
-    os.environ.setdefault("MASTER_PORT", str(_free.getsockname()[1]))
 
 from conftest import build_tiny_model  # noqa: E402
 from lanpo.cli import main  # noqa: E402

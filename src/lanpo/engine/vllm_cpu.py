@@ -15,6 +15,7 @@ the embedding moved the sampler was 6.7 nats a token away from the policy. :func
 from __future__ import annotations
 
 import os
+import socket
 
 
 def applies(args) -> bool:
@@ -24,11 +25,23 @@ def applies(args) -> bool:
 
 
 def prepare(args) -> None:
-    """Before TRL builds the engine: in-process, with a KV cache sized for a CPU machine (``VLLM_CPU_KVCACHE_SPACE``
-    GiB, default 2)."""
+    """Before TRL builds a colocated engine. On any device, a run of one process (no launcher's ``WORLD_SIZE``)
+    gets a rendezvous port of its own, an unused one the OS picks: TRL takes the first free port of a fixed list
+    (29500 first), so two colocate runs starting at once on one machine (``lanpo experiment --jobs``, runs on split
+    GPUs) raced for the same port and one failed (EADDRINUSE); a port set by the user or a launcher stays. On CPU:
+    in-process, with a KV cache sized for a CPU machine (``VLLM_CPU_KVCACHE_SPACE`` GiB, default 2)."""
+    if args.use_vllm and args.vllm_mode == "colocate" and os.environ.get("WORLD_SIZE", "1") == "1":
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     if applies(args):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+
+
+def free_port() -> int:
+    """A TCP port no process listens on now, picked by the OS."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def use_reload_weights(trainer) -> None:
