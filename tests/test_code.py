@@ -87,16 +87,16 @@ def test_every_reference_solution_passes_its_own_tests_and_a_wrong_one_fails():
         "builtin:code?split=test&n=400&levels=1,2,3,4,5"
     )
     tasks = code_tasks([1, 2, 3, 4, 5], 400, 0, "train", 2) + code_tasks([1, 2, 3, 4, 5], 400, 0, "test", 2)
-    wrong = {t.id: t.solution.rsplit("\n    ", 1)[0] + "\n    return None\n" for t in tasks}
+
+    def wrong(solution: str) -> str:  # the body's last line returns None
+        return solution.rsplit("\n    ", 1)[0] + "\n    return None\n"
+
     assert all(_credits(t, t.solution) for t in tasks)
-    assert sum(_credits(t, wrong[t.id]) for t in tasks) < 0.05 * len(tasks)
+    assert sum(_credits(t, wrong(t.solution)) for t in tasks) < 0.05 * len(tasks)
     sample = problems[::3]
     with closing(CodeVerifier(CodeSettings())) as verifier:
         right = verifier.score_texts([p.answer for p in sample], [fence(p.solution) for p in sample])
-        wrong_scores = verifier.score_texts(
-            [p.answer for p in sample],
-            [fence(p.solution.rsplit("\n    ", 1)[0] + "\n    return None\n") for p in sample],
-        )
+        wrong_scores = verifier.score_texts([p.answer for p in sample], [fence(wrong(p.solution)) for p in sample])
     assert right == [1.0] * len(sample)
     assert sum(wrong_scores) < 0.05 * len(sample)
 
