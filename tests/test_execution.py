@@ -13,7 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers.sandbox import needs_bwrap
-from lanpo.data.code_examples import Example, comment_examples, docstring_examples, public_examples
+from lanpo.data.code_examples import (
+    Example,
+    comment_examples,
+    docstring_examples,
+    public_examples,
+    statement_function,
+)
 from lanpo.data.code_tasks import code_problem_text, code_tasks, humaneval_rows
 from lanpo.data.loaders import DataError, LoadStats, builtin_code, code_rows_to_problems, load_problems
 from lanpo.feedback.base import FeedbackRequest
@@ -52,6 +58,26 @@ def test_examples_written_into_a_docstring_or_as_comments_read_back_as_written(c
         for example, (args, value) in zip(found, cases):
             assert same_value(list(example.args), args) and same_value(example.expected, value)
             assert example.call.startswith("f(")
+
+
+BACKTICKS = st.text(alphabet="`a \n", max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(BACKTICKS, BACKTICKS), min_size=1, max_size=3))
+def test_a_statement_whose_values_hold_backtick_runs_keeps_its_whole_code_and_every_example(cases):
+    """A value holding a run of backticks ("```", found by the property above) closed the statement's fence early:
+    the examples after it, and the function's name, were lost. The fence is longer than any run inside."""
+    cases = [[[arg], value] for arg, value in cases]
+    for code in (
+        f'def f(x):\n    """Do it.\n{docstring_examples("f", cases)}\n    """\n',
+        'def f(x):\n    """Do it."""\n\n\n' + comment_examples("f", cases),
+    ):
+        text = code_problem_text(code)
+        shown, entry_point = statement_function(text)
+        assert shown == code.strip("\n") and entry_point == "f"
+        found = public_examples(text)
+        assert [(list(e.args), e.expected) for e in found] == [(args, value) for args, value in cases]
 
 
 def test_only_calls_of_the_asked_function_with_literal_values_count_and_one_line_forms_are_read():
