@@ -367,7 +367,8 @@ def floor(trainer, batch: dict, repeats: int = 1) -> dict[str, float]:
 def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> float:
     """Seconds to generate a step's rows again, every one in a single call, each to exactly the number of tokens it
     generated in the step (sampled at the run's temperature; the run's random state untouched): the generation a
-    step of these rows cannot go below, however its phases are arranged. vLLM takes a length per row; transformers'
+    step of these rows cannot go below, however its phases are arranged. vLLM takes a length per row and starts from
+    a cold prefix cache, as every step does after its weight sync; transformers'
     ``generate`` (through lanpo's :func:`~lanpo.engine.generation.sample_with_logprobs`, its prefill in buckets)
     runs the batch to its longest row, as one call of the step does."""
     rows = [(prompt, n) for prompt, n in generated if n > 0]
@@ -393,6 +394,11 @@ def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> flo
             "ignore_eos": True,
         }
         params = [SamplingParams(**kwargs, max_tokens=n) for _, n in rows]
+        # The step generated on a cold prefix cache (TRL resets it after each weight sync); the step's own prompts
+        # are in it now, so a bound run on it would skip their prefill (long for feedback contexts and summaries).
+        vllm.llm.reset_prefix_cache()
+        sync()
+        start = time.perf_counter()
         with torch.random.fork_rng(devices=devices):
             outputs = vllm.llm.generate([{"prompt_token_ids": p} for p, _ in rows], params, use_tqdm=False)
         assert [len(o.outputs[0].token_ids) for o in outputs] == [n for _, n in rows]
