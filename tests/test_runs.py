@@ -171,22 +171,28 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill", ["step:3", "save:2"])
-def test_kill_mid_step_or_mid_checkpoint_then_resume_latest_loses_and_repeats_nothing(
-    tiny_model_dir, tmp_path, kill, uninterrupted
+def test_kills_mid_checkpoint_and_mid_step_then_resumes_lose_and_repeat_nothing(
+    tiny_model_dir, tmp_path, uninterrupted
 ):
+    """A run killed while checkpoint-2 is written, resumed and killed again in the middle of step 3 (its rollouts
+    done, not yet in a checkpoint), then resumed to the end, holds the uninterrupted run's pool, samples, retrievals
+    and step log. (The single kill mid-step, the single kill mid-save and the two killed resumes, in one run.)"""
     run = tmp_path / "run"
-    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
     reference, ref = uninterrupted(4)
-    killed = _script(args(run), {"LANPO_KILL_AT": kill})
+    killed = _script(tiny_args(tiny_model_dir, run, max_steps=4), {"LANPO_KILL_AT": "save:2"})
     assert killed.returncode == -9, killed.stderr[-3000:]
-    if kill.startswith("save"):
-        assert (run / ".staging").exists() and not (run / "checkpoint-2").exists()  # half-written, not in place
-    resumed = _script(["--output_dir", str(run), "--resume", "latest"], {"LANPO_REPORT": str(tmp_path / "res")})
+    assert (run / ".staging").exists() and not (run / "checkpoint-2").exists()  # half-written, not in place
+    resume = ["--output_dir", str(run), "--resume", "latest"]
+    killed = _script(resume, {"LANPO_KILL_AT": "step:3"})
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert (run / "checkpoint-2").is_dir() and not (run / "checkpoint-3").exists()
+    resumed = _script(resume, {"LANPO_REPORT": str(tmp_path / "res")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [res] = _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and len(res["rollout_ids"]) == len(set(res["rollout_ids"])) > 0
     assert steps_logged(run) == steps_logged(reference) and not (run / ".staging").exists()
+    for log in ("samples.jsonl", "retrievals.jsonl"):
+        assert _samples_steps(run, log) == _samples_steps(reference, log), log
 
 
 @pytest.mark.slow
@@ -477,36 +483,23 @@ def test_a_config_edited_by_hand_after_a_checkpoint_is_refused_on_resume(tiny_mo
 
 
 @pytest.mark.slow
-def test_samples_and_retrievals_after_two_killed_resumes_equal_an_uninterrupted_run(
+def test_ctrl_c_mid_step_and_mid_save_each_say_where_the_run_stands_in_one_line_and_resume_loses_nothing(
     tiny_model_dir, tmp_path, uninterrupted
 ):
+    """Ctrl-C in the middle of step 2, then, resumed, in the middle of checkpoint-2's save: each time one line
+    that names the newest whole checkpoint and the command that resumes; the run resumed to the end equals the
+    uninterrupted one. (The two cases, mid-step and mid-save, in one run.)"""
     run = tmp_path / "run"
-    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=4)  # noqa: E731
-    reference, _ = uninterrupted(4)
-    assert _script(args(run), {"LANPO_KILL_AT": "save:2"}).returncode == -9
+    reference, ref = uninterrupted(4)
+    command = tiny_args(tiny_model_dir, run, max_steps=4)
     resume = ["--output_dir", str(run), "--resume", "latest"]
-    assert _script(resume, {"LANPO_KILL_AT": "save:3"}).returncode == -9
-    done = _script(resume, {})
-    assert done.returncode == 0, done.stderr[-3000:]
-    for log in ("samples.jsonl", "retrievals.jsonl"):
-        assert _samples_steps(run, log) == _samples_steps(reference, log), log
-    assert steps_logged(run) == steps_logged(reference)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("where", ["step:2", "save:2"])
-def test_ctrl_c_mid_step_or_mid_save_says_where_the_run_stands_in_one_line_and_resume_loses_nothing(
-    tiny_model_dir, tmp_path, where, uninterrupted
-):
-    run = tmp_path / "run"
-    args = lambda out: tiny_args(tiny_model_dir, out, max_steps=3)  # noqa: E731
-    reference, ref = uninterrupted(3)
-    stopped = _script(args(run), {"LANPO_INTERRUPT_AT": where})
-    assert stopped.returncode == 130, stopped.stderr[-3000:]
-    assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr[-3000:]
-    [line] = [x for x in stopped.stderr.splitlines() if "interrupted" in x]
-    assert f"--resume latest --output_dir {run}" in line and "checkpoint-1" in line
-    resumed = _script(["--output_dir", str(run), "--resume", "latest"], {"LANPO_REPORT": str(tmp_path / "res")})
+    for argv, where in ((command, "step:2"), (resume, "save:2")):
+        stopped = _script(argv, {"LANPO_INTERRUPT_AT": where})
+        assert stopped.returncode == 130, stopped.stderr[-3000:]
+        assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr[-3000:]
+        [line] = [x for x in stopped.stderr.splitlines() if "interrupted" in x]
+        assert f"--resume latest --output_dir {run}" in line and "checkpoint-1" in line, (where, line)
+    resumed = _script(resume, {"LANPO_REPORT": str(tmp_path / "res")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [res] = _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and steps_logged(run) == steps_logged(reference)

@@ -401,21 +401,30 @@ def _launch_two_processes(model_dir, out, *extra, timeout=600) -> Path:
 
 
 @pytest.mark.slow
-def test_two_processes_share_one_pool(tiny_model_dir, tmp_path):
-    out = _launch_two_processes(tiny_model_dir, tmp_path / "mp")
+def test_two_processes_share_a_pool_agree_with_one_process_and_finish_when_only_one_has_feedback(
+    tiny_model_dir, tmp_path
+):
+    """Five runs on two processes, one after another in one launch (once four tests, five launches: a launch's
+    start-up cost more than its run):
+
+    * the pool: both processes hold the same one;
+    * separate and scratch-baseline advantages: each process normalizes over the whole gathered batch
+      (scale_rewards=batch spans both), so its rows' advantages are those one process computes from the same
+      rollouts;
+    * only one process with feedback rows: generation calls are collective, so a process whose groups all solved
+      their problems (feedback_trigger unsolved) still joins the feedback phase of one whose groups failed (here
+      with the privileged reference source), where it used to skip the call and leave the other waiting;
+    * only one asks the LLM judge: its forwards are collective (its batches pad to the widest process), so a
+      process with no abstraction rows still joins the judge of one whose groups failed, where it used to skip it
+      and the other's gather met a different one (a crash)."""
+    from lanpo import objective
+
+    out = _launch_two_processes(tiny_model_dir, tmp_path / "mp", "all")
     digests = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert digests[0]["world_size"] == 2
     assert digests[0]["digest"] == digests[1]["digest"] and digests[0]["entries"] > 0
 
-
-@pytest.mark.slow
-def test_separate_and_scratch_baseline_advantages_on_two_processes_equal_one_process(tiny_model_dir, tmp_path):
-    """Each process normalizes over the whole gathered batch (scale_rewards=batch spans both), so its rows'
-    advantages are those one process computes from the same rollouts."""
-    from lanpo import objective
-
-    for grouping in ("separate", "scratch-baseline"):  # one launch each: a finished run ends its process group
-        out = _launch_two_processes(tiny_model_dir, tmp_path / grouping, grouping)
+    for grouping in ("separate", "scratch-baseline"):
         ranks = [json.loads((out / f"{grouping}-rank{r}.json").read_text()) for r in (0, 1)]
         assert len(ranks[0]["steps"]) == 2
         weights = torch.tensor(ranks[0]["weights"])
@@ -428,26 +437,12 @@ def test_separate_and_scratch_baseline_advantages_on_two_processes_equal_one_pro
             else:
                 one_process = objective.scratch_baseline_advantages(rewards, weights, flags, 4, "batch")
             both = torch.tensor(step0["advantages"] + step1["advantages"])
-            assert torch.allclose(both, one_process, atol=1e-5)
+            assert torch.allclose(both, one_process, atol=1e-5), grouping
 
-
-@pytest.mark.slow
-def test_two_processes_where_only_one_has_feedback_rows_both_finish(tiny_model_dir, tmp_path):
-    """Generation calls are collective on several processes: a process whose groups all solved their problems
-    (feedback_trigger unsolved) still joins the feedback phase of one whose groups failed (here with the
-    privileged reference source), where it used to skip the call and leave the other waiting."""
-    out = _launch_two_processes(tiny_model_dir, tmp_path / "uneven", "uneven")
     ranks = [json.loads((out / f"uneven-rank{r}.json").read_text())["feedback_rows"] for r in (0, 1)]
     assert ranks[0] == [0, 0]
     assert len(ranks[1]) == 2 and all(n > 0 for n in ranks[1])
 
-
-@pytest.mark.slow
-def test_two_processes_where_only_one_asks_the_llm_judge_both_finish(tiny_model_dir, tmp_path):
-    """The LLM relevance judge's forwards are collective on several processes (its batches pad to the widest
-    process): a process with no abstraction rows (its groups all solved, feedback_trigger unsolved) still joins the
-    judge of one whose groups failed, where it used to skip it, so the other's gather met a different one (a crash)."""
-    out = _launch_two_processes(tiny_model_dir, tmp_path / "judge", "uneven-judge", timeout=300)
     ranks = [json.loads((out / f"uneven-judge-rank{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["feedback_rows"] == [0, 0] and ranks[0]["kinds"] == ["scratch"]
     # one call a step: the first step's trigger has no stored attempt to read; the second reads those made ahead

@@ -9,7 +9,8 @@ rank 0's groups all count as solved and rank 1's as failed, so only rank 1 has f
 process writes how many feedback rows it generated per step (``generation_rounds phased``: the feedback call after
 GRPO's rollout). ``multiprocess_run.py MODEL OUT uneven-judge``: the same in one call (the trigger reads the
 scores of the attempts made a step ahead, so from the second step) with the default source (reflection and
-abstraction) and the LLM relevance judge, whose forwards every process must join.
+abstraction) and the LLM relevance judge, whose forwards every process must join. ``multiprocess_run.py MODEL OUT
+all``: every run above in one launch (:func:`every_run`).
 """
 
 from __future__ import annotations
@@ -102,10 +103,35 @@ def uneven_triggers(model_dir: Path, out: Path, name: str) -> None:
     (out / f"{name}-rank{rank}.json").write_text(json.dumps({"feedback_rows": steps, "kinds": kinds}))
 
 
+def every_run(model_dir: Path, out: Path) -> None:
+    """Each run above, one after another in the same two processes (one launch, not five: each launch's start-up,
+    three processes importing torch and TRL, cost more than its run). A finished trainer ends the process group
+    (``Accelerator.end_training``); here the group is kept for the next run and ended after the last."""
+    import torch.distributed as dist
+    from accelerate import Accelerator
+
+    def end_training(self):  # accelerate's, less the group's end
+        for tracker in self.trackers:
+            tracker.finish()
+
+    Accelerator.end_training = end_training
+    pool_digest(model_dir, out)
+    for grouping in ("separate", "scratch-baseline"):
+        advantages(model_dir, out, grouping)
+    for name in UNEVEN:
+        uneven_triggers(model_dir, out, name)
+    rank = dist.get_rank()
+    dist.barrier()
+    (out / f"all-rank{rank}.json").write_text(json.dumps({"runs": 5}))
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     model, output = Path(sys.argv[1]), Path(sys.argv[2])
     output.mkdir(parents=True, exist_ok=True)
-    if len(sys.argv) > 3 and sys.argv[3] in UNEVEN:
+    if len(sys.argv) > 3 and sys.argv[3] == "all":
+        every_run(model, output)
+    elif len(sys.argv) > 3 and sys.argv[3] in UNEVEN:
         uneven_triggers(model, output, sys.argv[3])
     elif len(sys.argv) > 3:
         advantages(model, output, sys.argv[3])
