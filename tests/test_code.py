@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -29,7 +30,7 @@ from lanpo.prompts import (
     solve_messages,
     summary_messages,
 )
-from lanpo.verify.code import CodeSettings, CodeVerifier, Verifier, extract_code
+from lanpo.verify.code import FENCE, CodeSettings, CodeVerifier, Verifier, extract_code, fenced
 from lanpo.verify.rewards import MathVerifier, make_accuracy_reward
 from lanpo.verify.sandbox import CodeTests, Execution, Limits, Sandbox, SandboxUnavailable
 
@@ -273,6 +274,34 @@ def test_extraction_strict_and_lenient():
 def test_the_fenced_block_is_extracted_exactly(body):
     code = "def f():\n    return " + body.replace("\n", " ") + "\n"
     assert extract_code(f"prose\n```python\n{code}```\nmore prose") == code
+
+
+CODE_WITH_BACKTICKS = st.text(alphabet="`ab \n", max_size=30).map(lambda t: f"def f():\n    return {t!r}\n")
+
+
+@settings(max_examples=100, deadline=None)
+@given(code=CODE_WITH_BACKTICKS, prose=st.text(alphabet="ab .\n", max_size=20))
+def test_code_holding_backtick_runs_is_fenced_so_it_reads_back_whole(code, prose):
+    """A string of backticks in a program ("```" in a docstring example, a Markdown template) closed the fence put
+    around it: statements, half solutions shown as hints and reference solutions checked at load lost their end."""
+    assert extract_code(fenced(code)) == code
+    assert extract_code(f"{prose}\n{fenced(code)}\n", "lenient") == code
+
+
+OLD_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.sampled_from(["```", "```python\n", "```py\n", "\n", "def f(): pass", "x", " ", "``", "`"]), max_size=12
+    )
+)
+def test_texts_fenced_with_three_backticks_read_as_they_always_did(pieces):
+    """The fence of any length reads a model's fences of three backticks as before (the first ``` closes them)."""
+    text = "".join(pieces)
+    assume("````" not in text)
+    assert [body for _, _, body in FENCE.findall(text)] == [body for _, body in OLD_FENCE.findall(text)]
 
 
 # -- the sandbox: outcomes, security and reward hacks ----------------------------------------------------------

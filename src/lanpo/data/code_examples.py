@@ -59,23 +59,9 @@ def _call_args(text: str, entry_point: str) -> tuple | None:
     return tuple(args)
 
 
-# A statement's own fence (:func:`statement_fence`): a line of three or more backticks and ``python``, closed by a
-# line of the same backticks; the code inside may hold shorter runs (a docstring example whose value is "```").
-STATEMENT_BLOCK = re.compile(r"^(`{3,})python[ \t]*\n(.*?)\n\1[ \t]*$", re.MULTILINE | re.DOTALL)
-
-
-def statement_fence(code: str) -> str:
-    """The fence a statement puts around ``code``: one backtick longer than its longest run of backticks, at least
-    three (CommonMark's rule), so nothing inside the code closes it."""
-    longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
-    return "`" * max(3, longest + 1)
-
-
 def _statement_code(text: str) -> str:
-    """The code a statement shows: its fenced block (the problem as lanpo states it), else the last fenced block of
-    the text, else the text itself."""
-    blocks = STATEMENT_BLOCK.findall(text)
-    return blocks[-1][1] if blocks else extract_code(text, "strict") or text
+    """The code a statement shows: its fenced block (the problem as lanpo states it), else the text itself."""
+    return extract_code(text, "strict") or text
 
 
 def _entry_point(code: str) -> str | None:

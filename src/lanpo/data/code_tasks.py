@@ -23,9 +23,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lanpo.data.code_examples import docstring_examples, statement_fence
+from lanpo.data.code_examples import docstring_examples
 from lanpo.data.mutants import constants_of, mutants
 from lanpo.prompts import CODE_HEADER  # every code problem starts so (prompts.is_code_problem)
+from lanpo.verify.code import fenced
 from lanpo.verify.sandbox import CodeTests, same_value
 
 
@@ -507,10 +508,8 @@ def code_tasks(
 
 def code_problem_text(code: str) -> str:
     """A code problem as the model sees it: the header and the function's signature and docstring, in a fence no
-    backticks inside the code close (:func:`~lanpo.data.code_examples.statement_fence`)."""
-    code = code.strip("\n")
-    fence = statement_fence(code)
-    return f"{CODE_HEADER}\n\n{fence}python\n{code}\n{fence}"
+    backticks inside the code close (:func:`~lanpo.verify.code.fenced`)."""
+    return f"{CODE_HEADER}\n\n{fenced(code)}"
 
 
 def preamble_of(code: str) -> str:

@@ -49,6 +49,7 @@ from lanpo.data.code_tasks import (
 from lanpo.data.mutants import mutants
 from lanpo.data.presets import PRESETS, Preset
 from lanpo.verify.answers import gsm8k_answer, last_boxed, strip_unit_note
+from lanpo.verify.code import fenced
 from lanpo.verify.sandbox import GOLD_KINDS, CodeTests, GoldKind, gold_kind_of, same_value
 
 logger = logging.getLogger(__name__)
@@ -581,7 +582,7 @@ def _tests_that_cannot_judge(problems: list[Problem]) -> CodeCheck:
             jobs.append((problem.id, name, f"def {tests.entry_point}(*args, **kwargs):\n    {body}\n", "trivial"))
     answers = {p.id: p.answer for p in problems}
     try:  # a CodeVerifier: every gold here is a test suite
-        scores = verifier.score_texts([answers[j[0]] for j in jobs], [f"```python\n{j[2]}\n```" for j in jobs])
+        scores = verifier.score_texts([answers[j[0]] for j in jobs], [fenced(j[2]) for j in jobs])
     finally:
         verifier.close()
     unfit: dict[str, str] = {}

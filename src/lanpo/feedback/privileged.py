@@ -37,6 +37,7 @@ from lanpo.prompts import (
     self_hint_messages,
 )
 from lanpo.verify.answers import mentions_answer
+from lanpo.verify.code import fenced
 from lanpo.verify.sandbox import CodeTests, GoldKind
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def solution_prefix(solution: str, share: float, problem: str | None = None) -> 
     k = min(len(steps) - 1, int(len(steps) * share + 0.5))
     if k < 1:
         return None
-    return "```python\n" + "\n".join(steps[:k]) + "\n```" if code else "\n".join(steps[:k])
+    return fenced("\n".join(steps[:k])) if code else "\n".join(steps[:k])
 
 
 def code_steps(problem: str, solution: str) -> list[str]:

@@ -23,7 +23,9 @@ from pathlib import Path
 from lanpo.verify.answers import extraction_mode
 from lanpo.verify.sandbox import CodeTests, GoldKind, Limits, Sandbox, check_workers
 
-FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+# A fence of three or more backticks, closed by the first run of as many (three: the first ``` anywhere, as models
+# write them; longer: what :func:`fenced` writes around code that holds shorter runs).
+FENCE = re.compile(r"(`{3,})[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)\1", re.DOTALL)
 OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*)\Z", re.DOTALL)
 CODE_START = re.compile(r"^(?:def|class|import|from|async\s+def)\s", re.MULTILINE)
 PYTHON_TAGS = {"python", "py", "python3", ""}
@@ -37,18 +39,26 @@ def extract_code(text: str, mode: str = "strict") -> str | None:
     if not isinstance(text, str) or not text.strip():
         return None
     blocks = FENCE.findall(text)
-    python = [body for tag, body in blocks if tag.lower() in PYTHON_TAGS]
+    python = [body for _, tag, body in blocks if tag.lower() in PYTHON_TAGS]
     if python:
         return _clean(python[-1])
     if mode == "strict":
         return None
     if blocks:
-        return _clean(blocks[-1][1])
+        return _clean(blocks[-1][2])
     tail = text[text.rfind("```") :] if "```" in text else None
     if tail is not None and (unclosed := OPEN_FENCE.match(tail)):
         return _clean(unclosed.group(2))
     start = CODE_START.search(text)
     return _clean(text[start.start() :]) if start else None
+
+
+def fenced(code: str, tag: str = "python") -> str:
+    """``code`` in a Markdown fence one backtick longer than its longest run of backticks, at least three
+    (CommonMark's rule): nothing inside closes it, and :func:`extract_code` reads the code back whole."""
+    longest = max((len(run) for run in re.findall(r"`+", code)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return f"{fence}{tag}\n{code.strip(chr(10))}\n{fence}"
 
 
 def _clean(code: str) -> str | None:
