@@ -374,8 +374,6 @@ def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> flo
     rows = [(prompt, n) for prompt, n in generated if n > 0]
     if not rows:
         return 0.0
-    sync()
-    start = time.perf_counter()
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     if trainer.use_vllm:  # TRL's colocate sampling parameters, a length per row
         from vllm import SamplingParams
@@ -407,6 +405,8 @@ def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> flo
 
         from lanpo.engine.generation import left_pad, sample_with_logprobs
 
+        sync()
+        start = time.perf_counter()
         ids, mask = left_pad([p for p, _ in rows], trainer._tokenizer.pad_token_id, trainer.accelerator.device)
         config = copy.deepcopy(trainer.generation_config)
         config.max_new_tokens = config.min_new_tokens = max(n for _, n in rows)

@@ -10,6 +10,7 @@ so a score above 0 is a forged pass.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from contextlib import closing
 
@@ -159,9 +160,12 @@ FORGERIES = {
 }
 
 
+LIMITS = Limits(timeout=3.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500)
+
+
 @pytest.fixture(scope="module")
 def sandbox():
-    box = Sandbox(Limits(timeout=3.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500), workers=2)
+    box = Sandbox(LIMITS, workers=2)
     yield box
     box.close()
 
@@ -174,7 +178,7 @@ def test_a_right_function_still_passes_every_form(sandbox):
 @pytest.fixture(scope="module")
 def quick_sandbox():
     """For the forgery that stops the runner: it ends at the time limit, here a second, not three."""
-    box = Sandbox(Limits(timeout=1.0, cpu_seconds=2, memory_mb=256, processes=12, output_chars=500), workers=2)
+    box = Sandbox(dataclasses.replace(LIMITS, timeout=1.0), workers=2)
     yield box
     box.close()
 

@@ -2,16 +2,9 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 
-
-def free_port() -> int:
-    """A port nobody listens on: each multi-process launch rendezvous on its own (a killed run's leftovers may
-    still hold the default one)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from lanpo.engine.vllm_cpu import free_port  # an unused port the OS picks: each launch rendezvous on its own
 
 
 def accelerate_launch(processes: int, *mode: str) -> list[str]:
