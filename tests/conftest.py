@@ -24,9 +24,19 @@ if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects any
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist the slow tests (marked ``slow``: several processes, the real model) go first, so that no
-    worker starts a minute-long test while the others have nothing left to run (the longest-first rule)."""
+    worker starts a minute-long test while the others have nothing left to run (the longest-first rule).
+
+    `make test` collects its ``alone`` part from the files whose text marks a test ``pytest.mark.alone`` (collecting
+    the rest would cost every module's imports): a test marked otherwise would be left out of both parts, so it
+    stops the run."""
+    said = {}
+    for item in items:
+        path = Path(item.fspath)
+        if item.get_closest_marker("alone") and not said.setdefault(path, "pytest.mark.alone" in path.read_text()):
+            raise pytest.UsageError(f"{item.nodeid} is marked alone, but its file never says pytest.mark.alone")
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(config.option, "numprocesses", None):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
@@ -109,6 +119,18 @@ def _torch_bf16_matmuls_after_each_test():
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    """Python programs launched by forking one process that has imported lanpo's training stack
+    (tests/helpers/zygote.py): the 6-10 s of imports a fresh `lanpo train` spends, once per worker. Started at the
+    first launch."""
+    from helpers.zygote import Zygote
+
+    launcher = Zygote(tmp_path_factory.mktemp("zygote") / "socket")
+    yield launcher
+    launcher.close()
 
 
 @pytest.fixture()

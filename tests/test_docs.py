@@ -134,11 +134,12 @@ def test_the_readme_is_two_screens_and_leads_with_what_a_visitor_needs():
 
 
 @pytest.mark.slow
-def test_the_python_quick_start_runs_as_written(tmp_path):
+def test_the_python_quick_start_runs_as_written(tmp_path, zygote):
+    """The README's code, as `python -c` runs it, in a process forked from the suite's zygote (its imports done)."""
     text = (ROOT / "README.md").read_text()
     section = text.split("## Quick start: Python", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
-    done = subprocess.run(
+    done = zygote.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
         capture_output=True,
@@ -216,8 +217,6 @@ def test_results_open_with_one_table_of_every_verdict_then_the_figure():
 
 def test_no_figure_that_left_results_md_is_lost():
     """Every number results.md held before the move (2026-12-05) is in results.md or the log now."""
-    import subprocess
-
     old = subprocess.run(
         ["git", "show", "b5eed5c:docs/results.md"], cwd=ROOT, capture_output=True, text=True, check=False
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -17,6 +19,19 @@ from lanpo.engine.models import cpu_bf16_native
 from lanpo.experiments import grid as experiment
 from lanpo.experiments.grid import GridError, load_grid
 from lanpo.experiments.stats import _fmt, interpolate, mean_ci, prediction_interval
+from lanpo.run.files import PARENT_ENV
+
+
+@pytest.fixture(autouse=True)
+def cells_forked_from_the_zygote(zygote, monkeypatch):
+    """The grid's cells (``python -m lanpo.cli train``) run in processes forked from the suite's zygote
+    (tests/helpers/zygote.py: the imports done) rather than fresh ones. A cell ends with the process that started
+    it (``die_with_parent``): here the zygote, its parent."""
+
+    def run(command, env, **streams):
+        return zygote.run(command, env={**env, PARENT_ENV: str(zygote.pid)}, **streams)
+
+    monkeypatch.setattr(experiment, "subprocess", SimpleNamespace(run=run, STDOUT=subprocess.STDOUT))
 
 
 def tiny_grid(tmp_path: Path, model_dir: Path, **extra) -> Path:

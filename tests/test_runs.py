@@ -141,11 +141,22 @@ def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_p
         with_answer_column(datasets.Dataset.from_list([{"prompt": [], "label": "5"}]))
 
 
-def _script(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
-    launch = [sys.executable, str(SCRIPT)] if processes == 1 else [*accelerate_launch(processes), str(SCRIPT)]
-    return subprocess.run(
-        launch + args, capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}
-    )
+@pytest.fixture(scope="session")
+def script(zygote):
+    """``train_script.py ARGS`` in a process of its own under ``ENV``: one process forked from the zygote
+    (tests/helpers/zygote.py: torch, transformers and TRL already imported), or ``processes`` under
+    ``accelerate launch``."""
+
+    def run(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
+        if processes == 1:
+            return zygote.run(
+                [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env
+            )
+        launch = [*accelerate_launch(processes), str(SCRIPT), *args]
+        return subprocess.run(launch, capture_output=True, text=True, timeout=600, env=env)
+
+    return run
 
 
 def _report(folder: Path, processes: int) -> list[dict]:
@@ -153,7 +164,7 @@ def _report(folder: Path, processes: int) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tiny_model_dir, tmp_path_factory):
+def uninterrupted(tiny_model_dir, tmp_path_factory, script):
     """The uninterrupted run the kill, Ctrl-C and resume tests compare with, made once for the module per
     ``max_steps``: (its run folder, its report)."""
     made: dict[int, tuple[Path, dict]] = {}
@@ -162,7 +173,7 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
         if max_steps not in made:
             folder = tmp_path_factory.mktemp(f"uninterrupted-{max_steps}")
             args = tiny_args(tiny_model_dir, folder / "run", max_steps=max_steps)
-            done = _script(args, {"LANPO_REPORT": str(folder / "report")})
+            done = script(args, {"LANPO_REPORT": str(folder / "report")})
             assert done.returncode == 0, done.stderr[-3000:]
             made[max_steps] = (folder / "run", _report(folder / "report", 1)[0])
         return made[max_steps]
@@ -172,21 +183,21 @@ def uninterrupted(tiny_model_dir, tmp_path_factory):
 
 @pytest.mark.slow
 def test_kills_mid_checkpoint_and_mid_step_then_resumes_lose_and_repeat_nothing(
-    tiny_model_dir, tmp_path, uninterrupted
+    tiny_model_dir, tmp_path, uninterrupted, script
 ):
     """A run killed while checkpoint-2 is written, resumed and killed again in the middle of step 3 (its rollouts
     done, not yet in a checkpoint), then resumed to the end, holds the uninterrupted run's pool, samples, retrievals
     and step log. (The single kill mid-step, the single kill mid-save and the two killed resumes, in one run.)"""
     run = tmp_path / "run"
     reference, ref = uninterrupted(4)
-    killed = _script(tiny_args(tiny_model_dir, run, max_steps=4), {"LANPO_KILL_AT": "save:2"})
+    killed = script(tiny_args(tiny_model_dir, run, max_steps=4), {"LANPO_KILL_AT": "save:2"})
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert (run / ".staging").exists() and not (run / "checkpoint-2").exists()  # half-written, not in place
     resume = ["--output_dir", str(run), "--resume", "latest"]
-    killed = _script(resume, {"LANPO_KILL_AT": "step:3"})
+    killed = script(resume, {"LANPO_KILL_AT": "step:3"})
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert (run / "checkpoint-2").is_dir() and not (run / "checkpoint-3").exists()
-    resumed = _script(resume, {"LANPO_REPORT": str(tmp_path / "res")})
+    resumed = script(resume, {"LANPO_REPORT": str(tmp_path / "res")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [res] = _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and len(res["rollout_ids"]) == len(set(res["rollout_ids"])) > 0
@@ -196,13 +207,15 @@ def test_kills_mid_checkpoint_and_mid_step_then_resumes_lose_and_repeat_nothing(
 
 
 @pytest.mark.slow
-def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending_trial(tiny_model_dir, tmp_path):
+def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending_trial(
+    tiny_model_dir, tmp_path, script
+):
     run, reference = tmp_path / "run", tmp_path / "reference"
 
     def args(out):
         return tiny_args(tiny_model_dir, out, max_steps=4, per_device_train_batch_size=4, advantage_grouping="separate")
 
-    done = _script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref"), "LANPO_LENGTH_REWARD": "1"}, processes=2)
+    done = script(args(reference), {"LANPO_REPORT": str(tmp_path / "ref"), "LANPO_LENGTH_REWARD": "1"}, processes=2)
     assert done.returncode == 0, done.stderr[-4000:]
     # separate advantages by value: the whole batch's (both processes') rewards, each process its own slice
     import torch
@@ -215,9 +228,9 @@ def test_two_processes_killed_and_resumed_hold_the_same_pool_and_lose_no_pending
     expected = separate_advantages(torch.tensor(ref[0]["rewards_per_func"]), torch.ones(1), flags, 4, "group")
     assert torch.allclose(torch.tensor(ref[0]["advantages"] + ref[1]["advantages"]), expected, atol=1e-6)
     assert expected.abs().sum() > 0
-    killed = _script(args(run), {"LANPO_KILL_AT": "step:3", "LANPO_LENGTH_REWARD": "1"}, processes=2)
+    killed = script(args(run), {"LANPO_KILL_AT": "step:3", "LANPO_LENGTH_REWARD": "1"}, processes=2)
     assert killed.returncode != 0 and (run / "checkpoint-2" / "lanpo_state_rank1.json").is_file()
-    resumed = _script(
+    resumed = script(
         ["--output_dir", str(run), "--resume", "latest"],
         {"LANPO_REPORT": str(tmp_path / "res"), "LANPO_LENGTH_REWARD": "1"},
         processes=2,
@@ -484,7 +497,7 @@ def test_a_config_edited_by_hand_after_a_checkpoint_is_refused_on_resume(tiny_mo
 
 @pytest.mark.slow
 def test_ctrl_c_mid_step_and_mid_save_each_say_where_the_run_stands_in_one_line_and_resume_loses_nothing(
-    tiny_model_dir, tmp_path, uninterrupted
+    tiny_model_dir, tmp_path, uninterrupted, script
 ):
     """Ctrl-C in the middle of step 2, then, resumed, in the middle of checkpoint-2's save: each time one line
     that names the newest whole checkpoint and the command that resumes; the run resumed to the end equals the
@@ -494,12 +507,12 @@ def test_ctrl_c_mid_step_and_mid_save_each_say_where_the_run_stands_in_one_line_
     command = tiny_args(tiny_model_dir, run, max_steps=4)
     resume = ["--output_dir", str(run), "--resume", "latest"]
     for argv, where in ((command, "step:2"), (resume, "save:2")):
-        stopped = _script(argv, {"LANPO_INTERRUPT_AT": where})
+        stopped = script(argv, {"LANPO_INTERRUPT_AT": where})
         assert stopped.returncode == 130, stopped.stderr[-3000:]
         assert "Traceback" not in stopped.stderr and "KeyboardInterrupt" not in stopped.stderr, stopped.stderr[-3000:]
         [line] = [x for x in stopped.stderr.splitlines() if "interrupted" in x]
         assert f"--resume latest --output_dir {run}" in line and "checkpoint-1" in line, (where, line)
-    resumed = _script(resume, {"LANPO_REPORT": str(tmp_path / "res")})
+    resumed = script(resume, {"LANPO_REPORT": str(tmp_path / "res")})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [res] = _report(tmp_path / "res", 1)
     assert res["digest"] == ref["digest"] and steps_logged(run) == steps_logged(reference)
