@@ -124,11 +124,11 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def zygote(tmp_path_factory):
     """Python programs launched by forking one process that has imported lanpo's training stack
-    (tests/helpers/zygote.py): the 6-10 s of imports a fresh `lanpo train` spends, once per worker. Started at the
-    first launch."""
+    (tests/helpers/zygote.py): the 6-10 s of imports a fresh `lanpo train` spends, once per worker, here."""
     from helpers.zygote import Zygote
 
     launcher = Zygote(tmp_path_factory.mktemp("zygote") / "socket")
+    launcher.address  # noqa: B018  started: the first test to launch does not pay for the imports
     yield launcher
     launcher.close()
 

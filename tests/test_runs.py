@@ -144,8 +144,8 @@ def test_the_trainer_finds_the_answer_in_a_solution_column(tiny_model_dir, tmp_p
 @pytest.fixture(scope="session")
 def script(zygote):
     """``train_script.py ARGS`` in a process of its own under ``ENV``: one process forked from the zygote
-    (tests/helpers/zygote.py: torch, transformers and TRL already imported), or ``processes`` under
-    ``accelerate launch``."""
+    (tests/helpers/zygote.py: torch, transformers and TRL already imported), or ``processes`` under ``accelerate
+    launch`` with their workers forked from it (the FSDP test launches fresh ones)."""
 
     def run(args: list[str], env: dict, processes: int = 1) -> subprocess.CompletedProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", **env}
@@ -153,7 +153,7 @@ def script(zygote):
             return zygote.run(
                 [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600, env=env
             )
-        launch = [*accelerate_launch(processes), str(SCRIPT), *args]
+        launch = [*accelerate_launch(processes, zygote=zygote), str(SCRIPT), *args]  # workers forked too
         return subprocess.run(launch, capture_output=True, text=True, timeout=600, env=env)
 
     return run

@@ -381,10 +381,10 @@ def test_train_cli_writes_a_complete_run_directory(tiny_model_dir, tmp_path):
     assert max(steps) == 3
 
 
-def _launch_two_processes(model_dir, out, *extra, timeout=600) -> Path:
+def _launch_two_processes(zygote, model_dir, out, *extra, timeout=600) -> Path:
     script = Path(__file__).parent / "helpers" / "multiprocess_run.py"
     cmd = [
-        *accelerate_launch(2),
+        *accelerate_launch(2, zygote=zygote),  # its workers forked from the zygote
         str(script),
         str(model_dir),
         str(out),
@@ -402,7 +402,7 @@ def _launch_two_processes(model_dir, out, *extra, timeout=600) -> Path:
 
 @pytest.mark.slow
 def test_two_processes_share_a_pool_agree_with_one_process_and_finish_when_only_one_has_feedback(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, zygote
 ):
     """Five runs on two processes, one after another in one launch (once four tests, five launches: a launch's
     start-up cost more than its run):
@@ -419,7 +419,7 @@ def test_two_processes_share_a_pool_agree_with_one_process_and_finish_when_only_
       and the other's gather met a different one (a crash)."""
     from lanpo import objective
 
-    out = _launch_two_processes(tiny_model_dir, tmp_path / "mp", "all")
+    out = _launch_two_processes(zygote, tiny_model_dir, tmp_path / "mp", "all")
     digests = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert digests[0]["world_size"] == 2
     assert digests[0]["digest"] == digests[1]["digest"] and digests[0]["entries"] > 0

@@ -78,3 +78,21 @@ def test_launches_from_several_threads_at_once_start_one_zygote_and_all_run(tmp_
         assert [d.returncode for d in done] == [0, 1, 2, 3]
     finally:
         zygote.close()
+
+
+def test_accelerate_launch_from_the_zygote_forks_its_workers_there_each_in_a_session_of_its_own(zygote, tmp_path):
+    """torchrun's agent starts its workers with start_new_session and ends them by process group: here they are
+    the zygote's children, each leading its own session, and see torchrun's environment."""
+    from helpers.launch import accelerate_launch
+
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], 'parent', os.getppid(),"
+        " 'leads', os.getsid(0) == os.getpid(), flush=True)\n"
+    )
+    done = subprocess.run(
+        [*accelerate_launch(2, zygote=zygote), str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank"))
+    assert lines == [f"rank {r} of 2 parent {zygote.pid} leads True" for r in (0, 1)], done.stdout

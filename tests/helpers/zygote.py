@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import builtins
 import importlib
+import io
 import json
 import os
 import runpy
@@ -70,6 +71,9 @@ def serve(path: str, preload: list[str]) -> dict:
             message, fds, _, _ = socket.recv_fds(connection, MAX_MESSAGE, 3)
             pid = os.fork()
             if pid == 0:  # the child: nothing of the zygote's loop stays open in it
+                request = json.loads(message)
+                if request["new_session"]:
+                    os.setsid()
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 for open_socket in (listener, connection, *children.values()):
@@ -81,7 +85,7 @@ def serve(path: str, preload: list[str]) -> dict:
                 for fd in fds:
                     if fd > 2:
                         os.close(fd)
-                return json.loads(message)
+                return request
             for fd in fds:
                 os.close(fd)
             connection.send(str(pid).encode())
@@ -112,6 +116,10 @@ def become(request: dict) -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     argv = request["argv"]
+    if argv[0] == "-u":  # unbuffered standard streams (torchrun starts its workers so)
+        argv = argv[1:]
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+        sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), write_through=True, errors="backslashreplace")
     if argv[0] == "-m":
         sys.argv, sys.path[0] = [argv[1], *argv[2:]], os.getcwd()
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -192,7 +200,7 @@ class Zygote:
 
     def __init__(self, path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
         self.path, self.preload = str(path), preload
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen | str | None = None  # "attached": another process's zygote
         self._starting = threading.Lock()  # a grid's cells launch from several threads at once
 
     @property
@@ -211,7 +219,31 @@ class Zygote:
                     raise RuntimeError(f"the zygote did not start (exit code {process.wait()})")
                 self._process = process  # listening from here on
 
-    def popen(self, command: list[str], *, env=None, cwd=None, stdin=None, stdout=None, stderr=None, text=False):
+    @classmethod
+    def attach(cls, path: str) -> Zygote:
+        """A launcher for the zygote another process started (and will close), listening on ``path``."""
+        launcher = cls(Path(path))
+        launcher._process = "attached"
+        return launcher
+
+    @property
+    def address(self) -> str:
+        """The zygote's socket, for another process to :meth:`attach` to (started first)."""
+        self._started()
+        return self.path
+
+    def popen(
+        self,
+        command: list[str],
+        *,
+        env=None,
+        cwd=None,
+        stdin=None,
+        stdout=None,
+        stderr=None,
+        text=False,
+        start_new_session=False,
+    ):
         if command[0] != sys.executable:
             raise ValueError(f"the zygote runs Python programs only: {command[0]}")
         self._started()
@@ -233,7 +265,12 @@ class Zygote:
         fds = [fd(stdin if stdin is not None else subprocess.DEVNULL, "stdin", 0)]
         fds.append(fd(stdout, "stdout", 1))
         fds.append(fds[1] if stderr == subprocess.STDOUT else fd(stderr, "stderr", 2))
-        request = {"argv": command[1:], "env": dict(os.environ if env is None else env), "cwd": str(cwd or os.getcwd())}
+        request = {
+            "argv": list(command[1:]),
+            "env": dict(os.environ if env is None else env),
+            "cwd": str(cwd or os.getcwd()),
+            "new_session": start_new_session,
+        }
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             connection.connect(self.path)
@@ -263,7 +300,7 @@ class Zygote:
         return done
 
     def close(self) -> None:
-        if self._process is not None:
+        if isinstance(self._process, subprocess.Popen):
             self._process.stdin.close()  # the zygote ends when its pipe closes
             self._process.wait(timeout=30)
             self._process = None
