@@ -63,6 +63,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -125,7 +126,9 @@ def grid_arm(path: str, arm: str) -> list[str]:
     return flags
 
 
-def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu", fp32: bool = False) -> list[str]:
+def settings(
+    setting: str, out: str, steps: int, arm: str, device: str = "cpu", fp32: bool = False, extra: str = ""
+) -> list[str]:
     cli = ["--output_dir", out, "--max_steps", str(steps), "--disable_tqdm", "true", "--logging_steps", "1"]
     if device == "cuda":
         cli += ["--use_cpu", "false", "--gradient_checkpointing", "false"]
@@ -163,7 +166,7 @@ def settings(setting: str, out: str, steps: int, arm: str, device: str = "cpu", 
         cli += ["--retrieval_rank", arm.removeprefix("lanpo-")]
     cli += ["--logprob_head", "trl" if arm == "grpo-trl" else "compact"]
     cli += ["--old_logps_from_loss", str(arm not in ("grpo-trl", "grpo-compact")).lower()]
-    return cli
+    return cli + shlex.split(extra)  # --train-args: the same for every arm
 
 
 class Clock:
@@ -321,7 +324,9 @@ class Clock:
                 clock.public = 0.0
                 clock.parts.clear()
                 clock.floors.append(floor(trainer, clock.batch))
-                clock.one_call.append(generate_in_one_call(trainer, clock.generated))
+                # the bound is transformers' padded generate or vLLM's: none for the continuous-batching engine
+                bound = not trainer.use_transformers_continuous_batching
+                clock.one_call.append(generate_in_one_call(trainer, clock.generated) if bound else float("nan"))
                 clock.generated = []
 
         trainer.add_callback(Steps())
@@ -418,13 +423,15 @@ def generate_in_one_call(trainer, generated: list[tuple[list[int], int]]) -> flo
     return time.perf_counter() - start
 
 
-def run_arm(setting: str, arm: str, steps: int, out: str, device: str = "cpu", fp32: bool = False) -> dict:
+def run_arm(
+    setting: str, arm: str, steps: int, out: str, device: str = "cpu", fp32: bool = False, extra: str = ""
+) -> dict:
     from lanpo.commands.train import parse, set_model_dtype
     from lanpo.data.loaders import load_problems, to_prompt_dataset
     from lanpo.engine.models import load_tokenizer, resolve_model_path, size_cpu_threads
     from lanpo.trainer import LanpoTrainer
 
-    train_args, model_args, config = parse(settings(setting, out, steps, arm, device, fp32))
+    train_args, model_args, config = parse(settings(setting, out, steps, arm, device, fp32, extra))
     size_cpu_threads()  # as `lanpo train` does
     set_model_dtype(config, model_args)
     model_path = resolve_model_path(model_args.model_name_or_path)
@@ -632,11 +639,17 @@ def main() -> None:
         help="verdict and code settings without bf16 autocast (a CPU without native bf16 runs it at float32's speed "
         "at best); the arms' ratios compare like with like",
     )
+    parser.add_argument(
+        "--train-args",
+        default="",
+        help="more `lanpo train` flags for every arm, e.g. --train-args='--use_transformers_continuous_batching true' (its "
+        "steps then have no one-call bound: NaN)",
+    )
     parser.add_argument("--_one", nargs=2, metavar=("ARM", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._one:
         arm, out = args._one
-        result = run_arm(args.setting, arm, args.steps, out, args.device, args.fp32)
+        result = run_arm(args.setting, arm, args.steps, out, args.device, args.fp32, args.train_args)
         print("RESULT " + json.dumps(result), flush=True)
         return
     arms = args.arms.split(",")
@@ -658,6 +671,7 @@ def main() -> None:
                 "--device",
                 args.device,
                 *(["--fp32"] if args.fp32 else []),
+                f"--train-args={args.train_args}",  # "=": its value starts with "--"
                 "--_one",
                 arm,
                 out,
@@ -674,7 +688,9 @@ def main() -> None:
     gpu = f", {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}",
-        "setting": args.setting + (" (fp32, no bf16 autocast)" if args.fp32 else ""),
+        "setting": args.setting
+        + (" (fp32, no bf16 autocast)" if args.fp32 else "")
+        + (f" {args.train_args}" if args.train_args else ""),
         "generation": "vLLM colocate" if vllm else "transformers",
         "steps": f"{args.steps} per arm, medians over steps 2..{args.steps}, arms one after another",
         **summarize(runs),
