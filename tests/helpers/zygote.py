@@ -20,6 +20,7 @@ when the pipe from its parent closes.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import importlib
 import io
 import json
@@ -62,7 +63,8 @@ def serve(path: str, preload: list[str]) -> dict:
         readable = select.select([listener, wake_read, sys.stdin], [], [], 1.0)[0]
         if sys.stdin in readable and not os.read(sys.stdin.fileno(), 1024):  # the parent is gone
             for pid in children:
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             os._exit(0)
         if wake_read in readable:
             os.read(wake_read, 4096)
