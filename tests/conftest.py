@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -32,10 +33,9 @@ def pytest_collection_modifyitems(config, items):
     `make test` collects its ``alone`` part from the files whose text marks a test ``pytest.mark.alone`` (collecting
     the rest would cost every module's imports): a test marked otherwise would be left out of both parts, so it
     stops the run."""
-    said = {}
+    says_alone = functools.cache(lambda path: "pytest.mark.alone" in Path(path).read_text())  # a file read once
     for item in items:
-        path = Path(item.fspath)
-        if item.get_closest_marker("alone") and not said.setdefault(path, "pytest.mark.alone" in path.read_text()):
+        if item.get_closest_marker("alone") and not says_alone(str(item.fspath)):
             raise pytest.UsageError(f"{item.nodeid} is marked alone, but its file never says pytest.mark.alone")
     if os.environ.get("PYTEST_XDIST_WORKER_COUNT") or getattr(config.option, "numprocesses", None):
         items.sort(key=lambda item: item.get_closest_marker("slow") is None)
@@ -124,11 +124,11 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def zygote(tmp_path_factory):
     """Python programs launched by forking one process that has imported lanpo's training stack
-    (tests/helpers/zygote.py): the 6-10 s of imports a fresh `lanpo train` spends, once per worker, here."""
+    (tests/helpers/zygote.py): the 6-10 s of imports a fresh `lanpo train` spends, once per worker. Started at the
+    first launch, so a worker whose tests launch nothing (test_experiment.py asks for it in every test) never pays."""
     from helpers.zygote import Zygote
 
     launcher = Zygote(tmp_path_factory.mktemp("zygote") / "socket")
-    launcher.address  # noqa: B018  started: the first test to launch does not pay for the imports
     yield launcher
     launcher.close()
 

@@ -200,18 +200,22 @@ class Zygote:
     ``popen`` and ``run`` take a command that starts with ``sys.executable`` and ``subprocess``'s arguments for
     the streams (``None``: this process's own; ``PIPE``; ``DEVNULL``; ``STDOUT`` for stderr; an open file)."""
 
-    def __init__(self, path: Path, preload: tuple[str, ...] = PRELOAD) -> None:
-        self.path, self.preload = str(path), preload
-        self._process: subprocess.Popen | str | None = None  # "attached": another process's zygote
+    def __init__(self, path: Path, preload: tuple[str, ...] = PRELOAD, *, owned: bool = True) -> None:
+        self.path, self.preload, self.owned = str(path), preload, owned  # owned: this launcher starts and ends it
+        self._process: subprocess.Popen | None = None
         self._starting = threading.Lock()  # a grid's cells launch from several threads at once
 
     @property
     def pid(self) -> int:
         """The zygote's pid: every child's parent."""
+        if not self.owned:
+            raise RuntimeError("a launcher attached to another process's zygote does not know its pid")
         self._started()
         return self._process.pid
 
     def _started(self) -> None:
+        if not self.owned:  # another process started it: listening already
+            return
         with self._starting:
             if self._process is None:
                 process = subprocess.Popen(
@@ -224,9 +228,7 @@ class Zygote:
     @classmethod
     def attach(cls, path: str) -> Zygote:
         """A launcher for the zygote another process started (and will close), listening on ``path``."""
-        launcher = cls(Path(path))
-        launcher._process = "attached"
-        return launcher
+        return cls(Path(path), owned=False)
 
     @property
     def address(self) -> str:
@@ -302,7 +304,7 @@ class Zygote:
         return done
 
     def close(self) -> None:
-        if isinstance(self._process, subprocess.Popen):
+        if self._process is not None:
             self._process.stdin.close()  # the zygote ends when its pipe closes
             self._process.wait(timeout=30)
             self._process = None
