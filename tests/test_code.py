@@ -463,6 +463,26 @@ def test_resource_attacks_end_with_zero_and_leave_nothing_running(sandbox, kind,
     assert run(sandbox, RIGHT).outcome == "passed"  # and the next run is unharmed
 
 
+def test_a_runs_end_is_seen_when_it_comes_and_its_deadline_still_holds():
+    """The sandbox waits for a run on a pidfd (no polling): an ended process is reaped with its status, a running one
+    is left running at the deadline (for the sandbox to kill), and one reaped already reads as ended."""
+    import sys
+
+    from lanpo.verify.sandbox import _wait_for_exit
+
+    ending = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert _wait_for_exit(ending, 60) and ending.returncode == 3
+    assert _wait_for_exit(ending, 0)  # reaped already
+    sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = time.monotonic()
+        assert not _wait_for_exit(sleeping, 0.2) and sleeping.poll() is None
+        assert time.monotonic() - started >= 0.2
+    finally:
+        sleeping.kill()
+        sleeping.wait()
+
+
 @needs_bwrap
 def test_many_runs_at_once_keep_their_results_apart(sandbox):
     jobs = [(f"def add(a, b):\n    return a + b + {i % 2}\n", ADD) for i in range(16)]

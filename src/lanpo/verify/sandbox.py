@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -524,11 +525,7 @@ class Sandbox:
             process.stdin.close()
         except (BrokenPipeError, OSError):
             pass
-        timed_out = False
-        try:
-            process.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        timed_out = not _wait_for_exit(process, max(0.0, deadline - time.monotonic()))
         _kill_group(process)
         reader.join(timeout=max(0.5, deadline - time.monotonic()))
         if reader.is_alive():  # a grandchild still holds the report pipe open: it was killed with the group
@@ -621,13 +618,34 @@ def _drain(fd: int, chunks: list[bytes], limit: int) -> None:
         os.close(fd)
 
 
+def _wait_for_exit(process: subprocess.Popen, timeout: float) -> bool:
+    """Wait until ``process`` ends (True) or ``timeout`` seconds pass (False), waking the moment it ends.
+
+    ``Popen.wait(timeout)`` polls with sleeps that double up to 50 ms, which added 25 ms on average to a run of about
+    60 ms; a pidfd (Linux 5.3) turns readable when the process ends. Elsewhere, Popen's own wait."""
+    if process.returncode is not None:
+        return True
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # no pidfd here, or the process is gone already
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    try:
+        ready, _, _ = select.select([pidfd], [], [], timeout)
+    finally:
+        os.close(pidfd)
+    if ready:
+        process.wait()  # it has ended: this reaps it
+    return bool(ready)
+
+
 def _kill_group(process: subprocess.Popen) -> None:
     """End the sandbox and everything in its process group (its PID namespace ends with bwrap)."""
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    try:
-        process.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        pass
+    _wait_for_exit(process, 5)
