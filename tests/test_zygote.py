@@ -41,6 +41,13 @@ def test_a_launch_runs_its_script_module_or_code_with_its_own_argv_folder_enviro
     assert "ZYGOTE_TEST" not in zygote.run([sys.executable, "-c", PROGRAM, "0"], capture_output=True).stdout.decode()
 
 
+def _as_from_a_terminal():
+    """A zygote's child starts as a python started from a terminal does: Ctrl-C raises KeyboardInterrupt. A fresh
+    python keeps SIGINT ignored where its parent had it ignored (the suite run as a shell's background job), so the
+    fresh one compared with it starts with SIGINT at its default."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_a_launched_process_takes_signals_exceptions_timeouts_and_shared_streams_as_a_python_process_does(
     zygote, tmp_path
 ):
@@ -53,7 +60,9 @@ def test_a_launched_process_takes_signals_exceptions_timeouts_and_shared_streams
         "raise ValueError('no')",
         "import sys; sys.exit('a message')",
     ):
-        fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        fresh = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, preexec_fn=_as_from_a_terminal
+        )
         forked = zygote.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert forked.returncode == fresh.returncode != 0, code
         assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:], code
