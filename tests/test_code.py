@@ -423,6 +423,17 @@ def test_the_trainers_environment_and_files_are_not_visible(sandbox, monkeypatch
     assert result.outcome == "passed" and "hunter2" not in result.output
 
 
+@pytest.fixture(scope="module")
+def quick_sandbox(sandbox):
+    """The shared sandbox's bounds with a time limit of 1.5 s and a CPU limit of 1 s: the attacks that run until a
+    limit ends them (the machine to themselves: tests marked `alone`) wait for it half as long."""
+    from dataclasses import replace
+
+    box = Sandbox(replace(sandbox.limits, timeout=1.5, cpu_seconds=1), workers=2)
+    yield box
+    box.close()
+
+
 @needs_bwrap
 @pytest.mark.parametrize(
     "kind, code",
@@ -450,7 +461,8 @@ def test_the_trainers_environment_and_files_are_not_visible(sandbox, monkeypatch
     ],
 )
 @pytest.mark.alone
-def test_resource_attacks_end_with_zero_and_leave_nothing_running(sandbox, kind, code):
+def test_resource_attacks_end_with_zero_and_leave_nothing_running(quick_sandbox, kind, code):
+    sandbox = quick_sandbox
     before = dict(sandbox.stats)
     started = time.monotonic()
     result = run(sandbox, code)
@@ -805,7 +817,7 @@ def test_writes_past_the_tmpfs_bound_fail_and_the_hosts_memory_stays_bounded(mon
         "            with open(f'{place}/fill{i}', 'wb') as f:\n                f.write(b'x' * 1_000_000)\n"
         "            written[place] += 1\n"
         "    except OSError:\n        pass\n"
-        "time.sleep(1.5)\n"
+        "time.sleep(0.75)\n"
         "def add(a, b):\n    return max(written.values()) + 100 * (written['/'] + written['/new'])\n"
     )
     before = _host_shmem_mb()

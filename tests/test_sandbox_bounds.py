@@ -35,7 +35,8 @@ BOUND_MB = 256
 # below takes 720-880 MB within the default process limit.
 OVERHEAD_MB = 300
 
-# Up to 8 forked children each fill a block of their own (every page touched), until the process limit stops them.
+# Up to 8 forked children each fill a block of their own (every page touched), until the process limit stops them,
+# and hold it a second (a hundred of the watcher's samples: filling takes a quarter of that).
 FORK_EACH = """
 import mmap, os, time
 for _ in range(8):
@@ -50,9 +51,9 @@ for _ in range(8):
                 block[i] = 1
         except (OSError, MemoryError, ValueError):
             pass
-        time.sleep(2.5)
+        time.sleep(1.0)
         os._exit(0)
-time.sleep(2.5)
+time.sleep(1.0)
 """
 # Code a policy could write that takes memory through more than one process: each piece stays under the
 # per-process limit, the run as a whole would take 1.2-1.6 GB without a bound on the whole.
@@ -75,7 +76,7 @@ for t in threads:
     t.start()
 for t in threads:
     t.join()
-time.sleep(1.5)
+time.sleep(0.75)
 """,
     "a chain of subprocesses": """
 import subprocess, sys, time
@@ -93,10 +94,10 @@ if depth < 7:
         subprocess.Popen([sys.executable, '-c', sys.argv[2], str(depth + 1), sys.argv[2]])
     except OSError:  # the process limit
         pass
-time.sleep(3)
+time.sleep(1.5)
 '''
 subprocess.Popen([sys.executable, '-c', CHILD, '1', CHILD])
-time.sleep(3)
+time.sleep(1.5)
 """,
     "anonymous maps": FORK_EACH.format(
         fill="mmap.mmap(-1, 180 * 1024 * 1024, flags=mmap.MAP_SHARED | mmap.MAP_ANONYMOUS)"
