@@ -42,9 +42,9 @@ from lanpo.pool.store import POOL_FILENAME, ExperiencePool
 from lanpo.prompts import Messages, solve_messages
 from lanpo.run import checkpoints
 from lanpo.run.console import use_step_lines
-from lanpo.run.files import MetricsFileCallback
 from lanpo.run.meter import StepMeter
 from lanpo.run.metrics import real_prompts
+from lanpo.run.metrics_file import MetricsFileCallback
 from lanpo.run.pool_writer import PoolWriter
 from lanpo.step import Generation, RunParts
 from lanpo.tap import ForwardTap, TrainLog, loss_forward_of

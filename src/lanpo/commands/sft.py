@@ -67,8 +67,8 @@ def run_sft(argv: list[str]) -> Path:
     from trl import ModelConfig, SFTConfig, SFTTrainer, get_peft_config
 
     from lanpo.engine.models import load_tokenizer, parse_dtype, prepare_emulated_bf16, resolve_model_path
-    from lanpo.run.files import MetricsFileCallback
     from lanpo.run.final import save_final_model
+    from lanpo.run.metrics_file import MetricsFileCallback
 
     defaults = dict(SFT_DEFAULTS, output_dir=f"runs/sft-{time.strftime('%Y%m%d-%H%M%S')}")
     sft_args, model_args, config = parse_command_line((SFTArguments, ModelConfig, SFTConfig), defaults, argv)

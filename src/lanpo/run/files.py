@@ -11,24 +11,13 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-
-from transformers import TrainerCallback
+from typing import TYPE_CHECKING
 
 from lanpo.prompts import solve_messages
-from lanpo.rollout import Row
 from lanpo.verify.sandbox import logged_gold
 
-
-class MetricsFileCallback(TrainerCallback):
-    """Append every log line to ``metrics.jsonl`` in the run directory (main process)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            with self.path.open("a") as handle:
-                handle.write(json.dumps({"step": state.global_step, **logs}, default=float) + "\n")
+if TYPE_CHECKING:  # lanpo.rollout imports torch: reading a run, holding its lock or writing a file needs none
+    from lanpo.rollout import Row
 
 
 def write_samples(
