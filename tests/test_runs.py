@@ -314,14 +314,15 @@ FSDP = [
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_model_dir, tmp_path):
-    """torch's FSDP runs on gloo here; accelerate's FSDP plugin needs sync_module_states off on CPU."""
+def test_fsdp_on_two_cpu_processes_trains_agrees_and_saves_the_whole_model(tiny_model_dir, tmp_path, zygote):
+    """torch's FSDP runs on gloo here; accelerate's FSDP plugin needs sync_module_states off on CPU. (The two workers
+    are forked from the suite's zygote, as torchrun would start them.)"""
     import torch
     from transformers import AutoModelForCausalLM
 
     run = tmp_path / "run"
     launch = [
-        *accelerate_launch(2, *FSDP),
+        *accelerate_launch(2, *FSDP, zygote=zygote),
         str(SCRIPT),
         *tiny_args(tiny_model_dir, run, per_device_train_batch_size=4, learning_rate=1e-2),
     ]
