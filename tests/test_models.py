@@ -51,7 +51,6 @@ def test_missing_paths_and_offline_hub_ids_fail_clearly(monkeypatch):
 
 
 @pytest.mark.slow
-@pytest.mark.alone
 def test_embedded_default_converts_once_then_loads_fast_and_generates():
     from lanpo.engine.generation import generate
     from lanpo.prompts import solve_messages
@@ -66,6 +65,28 @@ def test_embedded_default_converts_once_then_loads_fast_and_generates():
     torch.manual_seed(0)
     samples = generate(model, tokenizer, [solve_messages("What is 2 + 3?")], n=2, max_new_tokens=24)
     assert all(s.num_tokens > 0 and s.text.strip() for s in samples[0])
+
+
+def test_a_conversion_finished_second_gives_way_to_the_first_and_leaves_nothing(tmp_path):
+    """Two processes converting one GGUF at once (grid cells, test workers on a fresh cache): the first to finish is
+    the cache, the second's copy is dropped, with no error; a copy that cannot be placed otherwise still raises."""
+    from lanpo.engine.models import _place
+
+    out = tmp_path / "models" / "smollm2"
+    out.parent.mkdir()
+    for n in (1, 2):
+        converted = out.parent / f".smollm2-{n}"
+        converted.mkdir()
+        (converted / "config.json").write_text(f'{{"by": {n}}}')
+        _place(converted, out)
+        assert not converted.exists()
+    assert (out / "config.json").read_text() == '{"by": 1}' and sorted(p.name for p in out.parent.iterdir()) == [
+        "smollm2"
+    ]
+    stray = tmp_path / ".stray"
+    stray.mkdir()
+    with pytest.raises(OSError):
+        _place(stray, tmp_path / "no-such-folder" / "smollm2")
 
 
 def test_answers_are_graded_leniently_only_for_the_embedded_model():

@@ -104,14 +104,23 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path | None = None) -> Pa
     try:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():  # another process finished first
-            shutil.rmtree(tmp)
-        else:
-            tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    _place(tmp, out)
     return out
+
+
+def _place(converted: Path, out: Path) -> None:
+    """Move a finished conversion into place, or drop it where another process put its own there first (two
+    processes converting one file at once: grid cells, test workers). The rename is the check: a test before it
+    left a moment in which both saw no ``out`` and the second rename failed."""
+    try:
+        converted.rename(out)
+    except OSError:
+        shutil.rmtree(converted, ignore_errors=True)
+        if not (out / "config.json").is_file():
+            raise
 
 
 def resolve_model_path(name_or_path: str) -> str:
