@@ -60,13 +60,14 @@ demo: $(STAMP)
 # time) with the machine to themselves, collected from the files that mark any (tests/conftest.py refuses an `alone`
 # test in a file this grep would miss). pytest's exit 5 (nothing collected) fails either part. The `slow` tests are
 # collected first and handed out two at a time (--maxschedchunk 2: xdist's default hands each worker a quarter of the
-# suite at once, so one worker got every slow test); docs/development.md has the times.
+# suite at once, so one worker got every slow test); docs/development.md has the times. Each part ends with its
+# slowest tests (--durations: the aim is none over 45 s under the parallel part's load).
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(max(1, len(os.sched_getaffinity(0))))")
 ALONE_FILES = $(shell grep -l "pytest.mark.alone" tests/test_*.py)
 
 test: test-set-up
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 2 -m "not alone"
-	$(PY) -m pytest -q -m alone $(ALONE_FILES)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxschedchunk 2 --durations=8 -m "not alone"
+	$(PY) -m pytest -q --durations=4 -m alone $(ALONE_FILES)
 
 # The venv and the Debian packages at once (apt and pip each wait on the network and the disk, not on each other).
 test-set-up:
