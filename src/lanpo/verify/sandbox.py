@@ -634,7 +634,9 @@ def _wait_for_exit(process: subprocess.Popen, timeout: float) -> bool:
             return False
         return True
     try:
-        ready, _, _ = select.select([pidfd], [], [], timeout)
+        poller = select.poll()  # not select(): a trainer may hold more than 1024 descriptors
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(math.ceil(timeout * 1000))
     finally:
         os.close(pidfd)
     if ready:
