@@ -1,7 +1,7 @@
 """``metrics.jsonl``: the callback that appends every log line of a run to it (main process).
 
 Apart from :mod:`lanpo.run.files`, which reads runs, holds their locks and writes their files without importing
-transformers (a grid's runner, ``lanpo report`` and a lock's holder start in a fraction of a second)."""
+transformers or torch (a process that holds a run's lock, or only reads a run, starts in a fraction of a second)."""
 
 from __future__ import annotations
 
