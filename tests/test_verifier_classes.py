@@ -26,28 +26,29 @@ LIMIT = 1.0  # the time limit the tests marked `alone` hold each call to (wall c
 READING_LIMIT = 30.0  # what the reading tests give an answer: they check what is read, beside other tests' load
 
 
+def _verifier(time_limit: float, extraction: str):
+    with MathVerifier(time_limit=time_limit, extraction=extraction) as verifier:
+        yield verifier
+
+
 @pytest.fixture(scope="module")
 def strict():
-    with MathVerifier(time_limit=READING_LIMIT, extraction="strict") as v:
-        yield v
+    yield from _verifier(READING_LIMIT, "strict")
 
 
 @pytest.fixture(scope="module")
 def lenient():
-    with MathVerifier(time_limit=READING_LIMIT, extraction="lenient") as v:
-        yield v
+    yield from _verifier(READING_LIMIT, "lenient")
 
 
 @pytest.fixture(scope="module")
 def timed_strict():
-    with MathVerifier(time_limit=LIMIT, extraction="strict") as v:
-        yield v
+    yield from _verifier(LIMIT, "strict")
 
 
 @pytest.fixture(scope="module")
 def timed_lenient():
-    with MathVerifier(time_limit=LIMIT, extraction="lenient") as v:
-        yield v
+    yield from _verifier(LIMIT, "lenient")
 
 
 @pytest.mark.parametrize(
