@@ -27,28 +27,18 @@ READING_LIMIT = 30.0  # what the reading tests give an answer: they check what i
 
 
 def _verifier(time_limit: float, extraction: str):
-    with MathVerifier(time_limit=time_limit, extraction=extraction) as verifier:
-        yield verifier
+    """A module's verifier fixture: one ``MathVerifier`` (its worker processes) shared by the module's tests."""
+
+    @pytest.fixture(scope="module")
+    def verifier():
+        with MathVerifier(time_limit=time_limit, extraction=extraction) as shared:
+            yield shared
+
+    return verifier
 
 
-@pytest.fixture(scope="module")
-def strict():
-    yield from _verifier(READING_LIMIT, "strict")
-
-
-@pytest.fixture(scope="module")
-def lenient():
-    yield from _verifier(READING_LIMIT, "lenient")
-
-
-@pytest.fixture(scope="module")
-def timed_strict():
-    yield from _verifier(LIMIT, "strict")
-
-
-@pytest.fixture(scope="module")
-def timed_lenient():
-    yield from _verifier(LIMIT, "lenient")
+strict, lenient = _verifier(READING_LIMIT, "strict"), _verifier(READING_LIMIT, "lenient")
+timed_strict, timed_lenient = _verifier(LIMIT, "strict"), _verifier(LIMIT, "lenient")
 
 
 @pytest.mark.parametrize(
