@@ -113,8 +113,8 @@ def convert_gguf(gguf_file: str | Path, out_dir: str | Path | None = None) -> Pa
 
 def _place(converted: Path, out: Path) -> None:
     """Move a finished conversion into place, or drop it where another process put its own there first (two
-    processes converting one file at once: grid cells, test workers). The rename is the check: a test before it
-    left a moment in which both saw no ``out`` and the second rename failed."""
+    processes converting one file at once: grid cells, test workers). The rename is the check: a check for ``out``
+    before it left a moment in which both saw none and the second rename failed."""
     try:
         converted.rename(out)
     except OSError:
